@@ -1,0 +1,1 @@
+"""Model code, policies, the streaming step, tokenizer, checkpoints, training and data."""
