@@ -1,0 +1,85 @@
+"""Multi-head attention with externally held caches, and the cross-attention windows.
+
+Every cross-attention kind is expressed as a per-query count of visible source
+positions n (B, T): standard attention sees the whole (received) source, wait-k
+sees min(t + k, S), GMA sees min(ceil(p + δ), S) and also multiplies a Gaussian
+prior. Training and streaming call the same functions, so what the model learns
+is exactly what it runs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import gma
+
+NEG_INF = float("-inf")
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.scale = self.head_dim ** -0.5
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(lin.weight, gain=1 / math.sqrt(2))
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, d) -> (B, H, T, dk)"""
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, dk) -> (B, T, d)"""
+        b, h, t, dk = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * dk)
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """Scaled projected query (B, H, T, dk); GMA predicts Δp from it."""
+        return self.split(self.q_proj(x) * self.scale)
+
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split(self.k_proj(x)), self.split(self.v_proj(x))
+
+    def attend(self, q, k, v, allowed: torch.Tensor, prior: torch.Tensor | None = None):
+        """q (B,H,T,dk), k/v (B,H,S,dk), allowed (B,T,S) bool -> output (B,T,d), weights (B,H,T,S)."""
+        logits = torch.matmul(q, k.transpose(-1, -2))
+        logits = logits.masked_fill(~allowed.unsqueeze(1), NEG_INF)
+        # rows with nothing allowed (padding) give zeros instead of NaN
+        any_allowed = allowed.any(-1, keepdim=True).unsqueeze(1)
+        weights = torch.softmax(logits.float(), dim=-1)
+        weights = torch.where(any_allowed, weights, torch.zeros_like(weights))
+        if prior is not None:
+            weights = gma.apply_prior(weights, prior)
+        w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
+        return self.out_proj(self.merge(torch.matmul(w, v))), weights
+
+
+def visible_mask(n_visible: torch.Tensor, src_len: int) -> torch.Tensor:
+    """n_visible (B, T) int -> allowed (B, T, S) with j < n."""
+    j = torch.arange(src_len, device=n_visible.device)
+    return j.view(1, 1, -1) < n_visible.unsqueeze(-1)
+
+
+def causal_mask(q_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
+    """Self-attention mask: q_pos (B, T) absolute positions of the queries, k_valid (B,)
+    number of valid keys -> allowed (B, T, S) where key j <= q_pos and j < k_valid."""
+    s = int(k_valid.max()) if k_valid.numel() else 0
+    j = torch.arange(s, device=q_pos.device).view(1, 1, -1)
+    return (j <= q_pos.unsqueeze(-1)) & (j < k_valid.view(-1, 1, 1))
+
+
+def waitk_visible(t: torch.Tensor, k: torch.Tensor, src_len: torch.Tensor) -> torch.Tensor:
+    """Wait-k prefix window: target step t (0-based) sees min(t + k, S) source positions."""
+    return torch.minimum(t + k.view(-1, *([1] * (t.dim() - 1))), src_len.view(-1, *([1] * (t.dim() - 1))))

@@ -1,0 +1,75 @@
+"""Key/value memory for many streams, one slot per stream.
+
+A loaded model is shared by all streams; what each stream has computed so far
+(causal-encoder keys, cross-attention keys of the received source, decoder
+keys) lives here, in preallocated tensors indexed by slot, so that a batched
+step gathers every stream's cache with one index per tensor instead of
+concatenating per-stream tensors. Slots are recycled when a stream ends; the
+pool grows by doubling when it runs out.
+"""
+from __future__ import annotations
+
+import torch
+
+from models.config import ModelConfig
+
+KINDS = ("enc_k", "enc_v", "cross_k", "cross_v", "dec_k", "dec_v")
+
+
+class CachePool:
+    def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, capacity: int = 4):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        self.layers = {
+            "enc_k": cfg.encoder_layers if cfg.causal_encoder else 0,
+            "enc_v": cfg.encoder_layers if cfg.causal_encoder else 0,
+            "cross_k": cfg.decoder_layers, "cross_v": cfg.decoder_layers,
+            "dec_k": cfg.decoder_layers, "dec_v": cfg.decoder_layers,
+        }
+        self.tensors = {name: self._empty(name, capacity) for name in KINDS}
+        self.capacity = capacity
+        self.free = list(range(capacity - 1, -1, -1))
+
+    def _empty(self, name: str, n: int) -> torch.Tensor:
+        c = self.cfg
+        return torch.zeros(n, self.layers[name], c.n_heads, c.max_positions, c.head_dim,
+                           device=self.device, dtype=self.dtype)
+
+    @property
+    def in_use(self) -> int:
+        return self.capacity - len(self.free)
+
+    def bytes_per_slot(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.tensors.values())
+
+    def allocate(self) -> int:
+        if not self.free:
+            self._grow(self.capacity * 2)
+        return self.free.pop()
+
+    def release(self, slot: int) -> None:
+        if slot in self.free or not 0 <= slot < self.capacity:
+            raise ValueError(f"slot {slot} is not in use")
+        self.free.append(slot)
+
+    def _grow(self, capacity: int) -> None:
+        for name, t in self.tensors.items():
+            bigger = self._empty(name, capacity)
+            bigger[: self.capacity] = t
+            self.tensors[name] = bigger
+        self.free = list(range(capacity - 1, self.capacity - 1, -1)) + self.free
+        self.capacity = capacity
+
+    def gather(self, name: str, slots: torch.Tensor, length: int) -> list[tuple[torch.Tensor, ...]]:
+        """Per layer, the (B, H, length, dk) cache of the given slots."""
+        t = self.tensors[name][slots, :, :, : max(length, 1)]
+        return [t[:, layer] for layer in range(t.shape[1])]
+
+    def gather_kv(self, prefix: str, slots: torch.Tensor, length: int):
+        """Per layer (k, v) pairs for `enc`, `cross` or `dec`."""
+        return list(zip(self.gather(prefix + "_k", slots, length), self.gather(prefix + "_v", slots, length)))
+
+    def write(self, name: str, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+              values: torch.Tensor) -> None:
+        """values (M, H, dk) go to (slots[m], layer, :, positions[m])."""
+        self.tensors[name][slots, layer, :, positions] = values.to(self.dtype)

@@ -1,0 +1,61 @@
+"""Gaussian Multi-head Attention (Zhang & Feng 2022): where each target step aligns.
+
+Per decoder layer, the scaled projected query q_i predicts an incremental step
+Δp_i = exp(v_p · tanh(W_p q_i)) > 0 (Δp_0 = 0). The aligned source position is
+p_i = clamp(Σ_{t<=i} Δp_t, 0.9, max); the window holds the first ceil(p_i + δ)
+source positions and a Gaussian prior centred on p_i (σ = p_i / 2) multiplies the
+softmax before renormalising. Heads of a layer share one p (Δp comes from the
+concatenated heads' query). Everything here is in fp32: ceil() and the prior
+are where low precision would change decisions.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+P_MIN = 0.9  # the reference clamps p from below so that step 0 sees > 0 positions
+
+
+class StepPredictor(nn.Module):
+    """Δp = exp(v_p · tanh(W_p q)): no biases, Xavier-uniform init (Δp ≈ 1 at init)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.w_p = nn.Linear(d_model, d_model, bias=False)
+        self.v_p = nn.Linear(d_model, 1, bias=False)
+        nn.init.xavier_uniform_(self.w_p.weight)
+        nn.init.xavier_uniform_(self.v_p.weight)
+
+    def forward(self, q_concat: torch.Tensor) -> torch.Tensor:
+        """q_concat (..., d) -> Δp (...) in fp32."""
+        h = torch.tanh(self.w_p(q_concat))
+        return torch.exp(self.v_p(h).squeeze(-1).float())
+
+
+def clamp_position(running_sum: torch.Tensor, max_position: float) -> torch.Tensor:
+    """p from the unclamped running sum of Δp (the state keeps the unclamped sum)."""
+    return running_sum.clamp(P_MIN, max_position)
+
+
+def window_size(p: torch.Tensor, delta: torch.Tensor | float) -> torch.Tensor:
+    """Number of visible source positions, ceil(p + δ), as int64 (0-based j < n)."""
+    return torch.ceil(p + delta).long()
+
+
+def gaussian_prior(p: torch.Tensor, src_len: int) -> torch.Tensor:
+    """G_ij = exp(-(j - p_i)^2 / (2 σ_i^2)), σ_i = p_i / 2; p (...,) -> (..., src_len)."""
+    j = torch.arange(src_len, device=p.device, dtype=torch.float32)
+    p = p.float().unsqueeze(-1)
+    z = (j - p) / (p / 2)
+    return torch.exp(-0.5 * z * z)
+
+
+def apply_prior(weights: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """Multiply softmax weights (B,H,T,S) by the prior (B,T,S) and renormalise, in fp32.
+
+    Rows whose window is empty cannot occur with p >= 0.9, but padded batch rows
+    can be all-zero; they are left at zero instead of becoming NaN.
+    """
+    w = weights.float() * prior.unsqueeze(1)
+    total = w.sum(-1, keepdim=True)
+    return torch.where(total > 0, w / total.clamp_min(torch.finfo(torch.float32).tiny), w)

@@ -1,0 +1,228 @@
+"""The one decoding loop of the project: a batched READ/WRITE step over stream states.
+
+`StreamingDecoder.step(states)` runs, for every given stream that can make
+progress, one batched encoder step (new source subwords) and one batched
+decoder step, and returns READ or WRITE for each. The server's engine, the
+SimulEval agents, `simulserve translate`/`evaluate` and the benchmarks all
+drive this method; `advance()` is just "step until every stream waits".
+"""
+from __future__ import annotations
+
+import torch
+
+from models.beam import beam_search
+from models.cache_pool import CachePool
+from models.policy import Policy, make_policy
+from models.stream import (DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError,
+                           StreamState, TargetWord)
+from models.tokenizer import Tokenizer
+from models.transformer import Transformer
+
+# once the source has ended, a target longer than a * |x| + b is cut with EOS
+MAX_LEN_A, MAX_LEN_B = 2, 10
+
+
+class StreamingDecoder:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None):
+        self.model = model.eval()
+        self.cfg = model.cfg
+        self.tok = tokenizer
+        p = next(model.parameters())
+        self.device = p.device
+        self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
+
+    # ---- stream life cycle ------------------------------------------------
+    def new_stream(self, k: int | None = None, delta: float | None = None, beam: int = 1,
+                   record: bool = False, policy: Policy | None = None) -> StreamState:
+        policy = policy or make_policy(self.cfg, k=k, delta=delta, beam=beam)
+        s = StreamState(policy=policy, slot=self.pool.allocate())
+        if policy.kind == "gma":
+            s.gma_running = [0.0] * self.cfg.decoder_layers
+        if record:
+            s.record = []
+        return s
+
+    def close(self, s: StreamState) -> None:
+        """Free the stream's cache slot (idempotent)."""
+        if s.slot is not None:
+            self.pool.release(s.slot)
+            s.slot = None
+
+    def push(self, s: StreamState, words: list[str] | str) -> int:
+        """Append source words (a string is split on whitespace); returns words added."""
+        if s.source_finished:
+            raise StreamError("the source of this sentence has already ended")
+        if isinstance(words, str):
+            words = [words]
+        parts = []
+        for w in words:
+            if not isinstance(w, str):
+                raise StreamError(f"source words must be strings, got {type(w).__name__}")
+            parts.extend(w.split())
+        encoded = [self.tok.encode_word(w) for w in parts]
+        total = len(s.source_tokens) + sum(map(len, encoded)) + 1  # + EOS
+        if total > self.cfg.max_positions:
+            raise SourceTooLong(
+                f"sentence too long: {total} subwords with EOS, the model takes at most "
+                f"{self.cfg.max_positions}; end the sentence earlier")
+        for w, ids in zip(parts, encoded):
+            s.source_words.append(w)
+            s.source_tokens.extend(ids)
+        if parts:
+            s.blocked = False
+        return len(parts)
+
+    def finish(self, s: StreamState) -> None:
+        s.source_finished = True
+        s.blocked = False
+
+    # ---- the step -----------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, states: list[StreamState]) -> list[StepOutput]:
+        for s in states:
+            if s.slot is None:
+                raise StreamError("stream is closed")
+        self._encode_pending(states)
+        out: list[StepOutput | None] = [None] * len(states)
+        batch = []
+        for i, s in enumerate(states):
+            if s.done:
+                out[i] = StepOutput(DONE, finished=True)
+            elif s.blocked:
+                out[i] = StepOutput(READ)
+            elif s.queue:
+                out[i] = self._write(s, s.queue.pop(0))
+            elif self._must_read(s):
+                s.blocked = True
+                out[i] = StepOutput(READ)
+            elif len(s.target_tokens) >= self._max_target_len(s):
+                out[i] = self._write(s, self.cfg.eos_id)
+            elif s.policy.kind == "offline" and s.policy.beam > 1:
+                s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
+                out[i] = self._write(s, s.queue.pop(0))
+            else:
+                batch.append(i)
+        if batch:
+            for i, o in zip(batch, self._decode([states[i] for i in batch])):
+                out[i] = o
+        return out
+
+    def advance(self, states: list[StreamState]) -> list[list[StepOutput]]:
+        """Step until every stream waits for source or is done; the outputs per stream."""
+        results = [[] for _ in states]
+        active = list(range(len(states)))
+        while active:
+            outs = self.step([states[i] for i in active])
+            still = []
+            for i, o in zip(active, outs):
+                if o.action == WRITE:
+                    results[i].append(o)
+                    still.append(i)
+            active = still
+        return results
+
+    # ---- internals ------------------------------------------------------------
+    def _must_read(self, s: StreamState) -> bool:
+        """READ decisions that need no model compute (GMA's needs the decoder)."""
+        if s.source_finished:
+            return False
+        if s.policy.kind == "offline":
+            return True
+        if s.policy.kind == "waitk":
+            return len(s.target_tokens) + s.policy.k > s.available
+        return False
+
+    def _max_target_len(self, s: StreamState) -> int:
+        cap = self.cfg.max_positions - 1
+        if s.source_finished:
+            cap = min(cap, MAX_LEN_A * s.available + MAX_LEN_B)
+        return cap
+
+    def _encode_pending(self, states: list[StreamState]) -> None:
+        todo = [s for s in states if s.n_encoded < s.available and not s.done
+                and (self.cfg.causal_encoder or s.source_finished)]
+        if not todo:
+            return
+        eos = self.cfg.eos_id
+        new = [(s.source_tokens + [eos] * s.source_finished)[s.n_encoded:s.available] for s in todo]
+        n_new = torch.tensor([len(x) for x in new], device=self.device)
+        start = torch.tensor([s.n_encoded for s in todo], device=self.device)
+        tokens = torch.full((len(todo), int(n_new.max())), self.cfg.pad_id, device=self.device)
+        for r, x in enumerate(new):
+            tokens[r, : len(x)] = torch.tensor(x, device=self.device)
+        slots = torch.tensor([s.slot for s in todo], device=self.device)
+        valid = torch.arange(tokens.shape[1], device=self.device).view(1, -1) < n_new.view(-1, 1)
+        bi, ii = valid.nonzero(as_tuple=True)
+        pos = start[bi] + ii
+        if self.cfg.causal_encoder:
+            caches = self.pool.gather_kv("enc", slots, int((start + n_new).max()))
+            enc, new_kv = self.model.encode_chunk(tokens, start, n_new, caches)
+            for layer, (k, v) in enumerate(new_kv):
+                self.pool.write("enc_k", layer, slots[bi], pos, k[bi, :, ii])
+                self.pool.write("enc_v", layer, slots[bi], pos, v[bi, :, ii])
+        else:  # bidirectional: the whole sentence at once, after it ended
+            enc = self.model.encode(tokens, n_new)
+        for layer, (k, v) in enumerate(self.model.cross_kv(enc)):
+            self.pool.write("cross_k", layer, slots[bi], pos, k[bi, :, ii])
+            self.pool.write("cross_v", layer, slots[bi], pos, v[bi, :, ii])
+        for s in todo:
+            s.n_encoded = s.available
+
+    def _decode(self, states: list[StreamState]) -> list[StepOutput]:
+        dev, cfg = self.device, self.cfg
+        slots = torch.tensor([s.slot for s in states], device=dev)
+        t = torch.tensor([len(s.target_tokens) for s in states], device=dev)
+        prev = torch.tensor([s.target_tokens[-1] if s.target_tokens else cfg.bos_id for s in states], device=dev)
+        avail = torch.tensor([s.available for s in states], device=dev)
+        finished = torch.tensor([s.source_finished for s in states], device=dev)
+        k = delta = running = None
+        if cfg.attention == "waitk":
+            k = torch.tensor([s.policy.k for s in states], device=dev)
+        elif cfg.attention == "gma":
+            delta = torch.tensor([s.policy.delta for s in states], device=dev, dtype=torch.float32)
+            running = torch.tensor([s.gma_running for s in states], device=dev, dtype=torch.float32)
+        logits, new_kv, info = self.model.decode_step(
+            prev, t, self.pool.gather_kv("dec", slots, int(t.max()) + 1),
+            self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running)
+        read = info["read"].tolist()
+        tokens = logits.argmax(-1).tolist()
+        keep = torch.tensor([not r for r in read], device=dev)
+        for layer, (kk, vv) in enumerate(new_kv):
+            self.pool.write("dec_k", layer, slots[keep], t[keep], kk[keep, :, 0])
+            self.pool.write("dec_v", layer, slots[keep], t[keep], vv[keep, :, 0])
+        outs = []
+        for r, s in enumerate(states):
+            if read[r]:
+                s.blocked = True
+                outs.append(StepOutput(READ))
+                continue
+            if running is not None:
+                s.gma_running = info["running"][r].tolist()
+            if s.record is not None:
+                s.record.append({"n": info["n"][r].tolist(),
+                                 "p": info["p"][r].tolist() if "p" in info else None,
+                                 "attention": [a[r].mean(0)[: s.available].tolist() for a in info["attention"]]})
+            outs.append(self._write(s, tokens[r]))
+        return outs
+
+    def _write(self, s: StreamState, token: int) -> StepOutput:
+        """Commit one target token; release the words it completes."""
+        s.target_tokens.append(token)
+        s.token_delays.append(s.available)
+        released = []
+        eos = token == self.cfg.eos_id
+        if s.pending and (eos or self.tok.starts_word(token)):
+            word = self._release(s)
+            if word.text:  # a lone "▁" piece makes no word
+                released.append(word)
+        if eos:
+            s.done = True
+        else:
+            s.pending.append(token)
+        s.words.extend(released)
+        return StepOutput(WRITE, token, released, finished=s.done)
+
+    def _release(self, s: StreamState) -> TargetWord:
+        text = self.tok.decode(s.pending).strip()
+        s.pending = []
+        return TargetWord(text, len(s.source_words), s.available)

@@ -1,0 +1,71 @@
+"""Everything one live stream owns: received source, cache slot, policy values, output.
+
+The model and the cache pool are shared; a StreamState is the only per-stream
+object. Its fields are plain Python values, so a server can hold thousands and
+drop one at once when its client disconnects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.policy import Policy
+
+
+class StreamError(ValueError):
+    """Bad use of a stream: words after the end of the source, a too-long sentence..."""
+
+
+class SourceTooLong(StreamError):
+    pass
+
+
+@dataclass
+class TargetWord:
+    text: str
+    delay: int          # source words read when the word was emitted
+    subword_delay: int  # source subwords read (EOS counted once the source ended)
+
+
+@dataclass
+class StepOutput:
+    action: str                       # "read" | "write" | "done"
+    token: int | None = None
+    words: list[TargetWord] = field(default_factory=list)
+    finished: bool = False            # the target sentence is complete
+
+
+READ = "read"
+WRITE = "write"
+DONE = "done"
+
+
+@dataclass
+class StreamState:
+    policy: Policy
+    slot: int | None = None
+    source_words: list[str] = field(default_factory=list)
+    source_tokens: list[int] = field(default_factory=list)
+    source_finished: bool = False
+    n_encoded: int = 0                 # source positions whose caches are filled
+    target_tokens: list[int] = field(default_factory=list)
+    token_delays: list[int] = field(default_factory=list)   # per target token, source positions read
+    gma_running: list[float] | None = None                   # per decoder layer, unclamped Σ Δp
+    pending: list[int] = field(default_factory=list)         # pieces of the word being written
+    words: list[TargetWord] = field(default_factory=list)    # released target words
+    queue: list[int] = field(default_factory=list)           # tokens decided ahead (beam search)
+    blocked: bool = False              # the last step read; nothing new has arrived since
+    done: bool = False
+    record: list[dict] | None = None   # per written token: p, n, attention (for plots)
+
+    @property
+    def available(self) -> int:
+        """Source positions the decoder may see: subwords, plus EOS once the source ended."""
+        return len(self.source_tokens) + (1 if self.source_finished else 0)
+
+    @property
+    def translation(self) -> str:
+        return " ".join(w.text for w in self.words)
+
+    @property
+    def delays(self) -> list[int]:
+        return [w.delay for w in self.words]

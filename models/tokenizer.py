@@ -1,0 +1,60 @@
+"""SentencePiece joint vocabulary and word <-> subword bookkeeping.
+
+Source words are encoded one at a time as they arrive (SentencePiece never lets
+a piece cross whitespace, so this equals encoding the sentence). Target pieces
+are grouped into words: a word is complete when the next piece starts a new
+word ("▁") or the sentence ends.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import sentencepiece as spm
+
+WORD_START = "\u2581"  # ▁
+
+
+class Tokenizer:
+    def __init__(self, model: str | Path | bytes):
+        self.sp = spm.SentencePieceProcessor()
+        if isinstance(model, bytes):
+            self.sp.LoadFromSerializedProto(model)
+            self.proto = model
+        else:
+            self.proto = Path(model).read_bytes()
+            self.sp.LoadFromSerializedProto(self.proto)
+        n = self.sp.get_piece_size()
+        self.word_start = [self.sp.id_to_piece(i).startswith(WORD_START) or self.sp.is_control(i)
+                           for i in range(n)]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return {"pad_id": self.sp.pad_id(), "unk_id": self.sp.unk_id(),
+                "bos_id": self.sp.bos_id(), "eos_id": self.sp.eos_id()}
+
+    def encode_word(self, word: str) -> list[int]:
+        return self.sp.encode(word)
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode(list(ids))
+
+    def starts_word(self, token: int) -> bool:
+        return self.word_start[token]
+
+
+def train_tokenizer(texts_path: str | Path, prefix: str | Path, vocab_size: int,
+                    **options) -> Path:
+    """Train a joint unigram vocabulary with the project's special ids; returns the .model path."""
+    options.setdefault("model_type", "unigram")
+    spm.SentencePieceTrainer.train(
+        input=str(texts_path), model_prefix=str(prefix), vocab_size=vocab_size,
+        character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+        **options)
+    return Path(str(prefix) + ".model")

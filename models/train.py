@@ -1,0 +1,296 @@
+"""Training loop: label-smoothed cross entropy, Adam + inverse-sqrt warm-up, batches by
+token count, validation per epoch, resumable state, checkpoint averaging, DDP.
+
+Everything the loop saves is safetensors + JSON (no pickles):
+    OUTPUT/train_state/   model/optimizer/rng tensors + state.json (step, epoch, position)
+    OUTPUT/epochs/        fp32 weights at the end of each epoch (for averaging)
+    OUTPUT/checkpoint/    the deployable checkpoint: average of the last N epochs, fp16
+    OUTPUT/log.jsonl      one line per epoch (losses, steps, minutes)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from models.checkpoint import pick_device, save_checkpoint
+from models.config import ModelConfig
+from models.data_loading import collate, encode_pairs, make_batches, read_parallel
+from models.tokenizer import Tokenizer
+from models.transformer import Transformer
+
+
+@dataclass
+class TrainConfig:
+    output: str
+    model: dict
+    data: str | None = None          # directory with train/valid.{src,tgt} and spm.model
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    max_tokens: int = 4096
+    lr: float = 5e-4
+    warmup: int = 4000
+    betas: tuple = (0.9, 0.98)
+    label_smoothing: float = 0.1
+    max_epochs: int = 100
+    max_steps: int | None = None
+    max_minutes: float | None = None  # stop (and save) after this much time in this run
+    save_every_minutes: float = 10.0
+    average_last: int = 5
+    seed: int = 1
+    init_from: str | None = None      # fine-tune from this checkpoint directory
+    threads: int | None = None
+    device: str = "auto"
+    extra: dict = field(default_factory=dict)
+
+
+def load_train_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
+    import yaml
+    raw = yaml.safe_load(Path(path).read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a training config must be a mapping")
+    raw.update(overrides or {})
+    known = TrainConfig.__dataclass_fields__
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"{path}: unknown training config keys {unknown}")
+    return TrainConfig(**raw)
+
+
+def inverse_sqrt_lr(step: int, lr: float, warmup: int) -> float:
+    step = max(step, 1)
+    return lr * min(step / warmup, math.sqrt(warmup / step))
+
+
+def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float):
+    src, src_len, tgt_in, tgt_out = batch
+    b = src.shape[0]
+    kk = torch.full((b,), k, device=src.device) if k is not None else None
+    delta = torch.full((b,), float(cfg.default_delta), device=src.device) if cfg.attention == "gma" else None
+    logits = model(src, src_len, tgt_in, kk, delta)
+    ntok = int((tgt_out != cfg.pad_id).sum())
+    loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt_out.view(-1),
+                           ignore_index=cfg.pad_id, label_smoothing=smoothing, reduction="sum")
+    return loss, ntok
+
+
+def sample_k(seed: int, step: int, src_max: int) -> int:
+    """Multipath wait-k: one k per batch, uniform in 1..padded source length,
+    derived from (seed, step) so a resumed run draws the same ks."""
+    return random.Random(seed * 1_000_003 + step).randint(1, src_max)
+
+
+class Trainer:
+    def __init__(self, tc: TrainConfig, tokenizer: Tokenizer | None = None,
+                 train_pairs=None, valid_pairs=None, progress: bool = True):
+        self.tc, self.progress = tc, progress
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.device = pick_device(tc.device)
+        if self.world > 1 and not dist.is_initialized():
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+        self.out = Path(tc.output)
+        data = Path(tc.data) if tc.data else None
+        self.tok = tokenizer or Tokenizer(data / "spm.model")
+        mcfg = dict(tc.model, vocab_size=self.tok.vocab_size, src_lang=tc.src_lang, tgt_lang=tc.tgt_lang,
+                    **self.tok.special_ids)
+        self.cfg = ModelConfig.from_dict(mcfg)
+        if train_pairs is None:
+            train_pairs = read_parallel(data / "train", tc.src_lang, tc.tgt_lang)
+            valid_pairs = read_parallel(data / "valid", tc.src_lang, tc.tgt_lang)
+        self.train_ex = encode_pairs(train_pairs, self.tok, self.cfg.max_positions)
+        self.valid_ex = encode_pairs(valid_pairs or [], self.tok, self.cfg.max_positions)
+        torch.manual_seed(tc.seed)
+        self.model = Transformer(self.cfg).to(self.device)
+        if tc.init_from:
+            from models.checkpoint import load_checkpoint
+            init, _, _ = load_checkpoint(tc.init_from)
+            self._load_matching(init.state_dict())
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas), eps=1e-8)
+        self.step, self.epoch, self.position = 0, 0, 0
+        self.amp_dtype = None
+        if self.device.type == "cuda":
+            self.amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        self.net = self.model
+        if self.world > 1:
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.resumed = self._resume()
+
+    def _load_matching(self, state: dict) -> None:
+        """Fine-tuning: copy every tensor whose name and shape match (e.g. GMA δ=2 from δ=1)."""
+        own = self.model.state_dict()
+        own.update({k: v.to(own[k].dtype) for k, v in state.items() if k in own and own[k].shape == v.shape})
+        self.model.load_state_dict(own)
+
+    # ---- resumable state ----------------------------------------------------
+    def _state_dir(self) -> Path:
+        return self.out / "train_state"
+
+    def save_state(self) -> None:
+        if self.rank != 0:
+            return
+        d = self._state_dir()
+        tmp = d.with_name("train_state.tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()},
+                  str(tmp / "model.safetensors"))
+        opt_tensors, opt_steps = {}, {}
+        for i, p in enumerate(self.model.parameters()):
+            st = self.opt.state.get(p)
+            if st:
+                opt_tensors[f"{i}.exp_avg"] = st["exp_avg"].cpu().contiguous()
+                opt_tensors[f"{i}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
+                opt_steps[i] = float(st["step"])
+        save_file(opt_tensors or {"empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
+        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        meta = {"step": self.step, "epoch": self.epoch, "position": self.position,
+                "opt_steps": opt_steps, "model": self.cfg.to_dict(), "train": asdict(self.tc)}
+        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        if d.exists():
+            old = d.with_name("train_state.old")
+            d.rename(old)
+            tmp.rename(d)
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+        else:
+            tmp.rename(d)
+
+    def _resume(self) -> bool:
+        d = self._state_dir()
+        if not (d / "state.json").is_file():
+            return False
+        meta = json.loads((d / "state.json").read_text())
+        if meta["model"] != self.cfg.to_dict():
+            raise ValueError(f"{d}: saved model config differs from this run's; use another output directory")
+        self.model.load_state_dict(load_file(str(d / "model.safetensors"), device=str(self.device)))
+        opt = load_file(str(d / "optimizer.safetensors"), device=str(self.device))
+        for i, p in enumerate(self.model.parameters()):
+            if f"{i}.exp_avg" in opt:
+                self.opt.state[p] = {"step": torch.tensor(meta["opt_steps"][str(i)]),
+                                     "exp_avg": opt[f"{i}.exp_avg"], "exp_avg_sq": opt[f"{i}.exp_avg_sq"]}
+        torch.set_rng_state(load_file(str(d / "rng.safetensors"))["torch"])
+        self.step, self.epoch, self.position = meta["step"], meta["epoch"], meta["position"]
+        return True
+
+    # ---- the loop --------------------------------------------------------------
+    def validate(self) -> float | None:
+        if not self.valid_ex:
+            return None
+        self.model.eval()
+        total, ntok = 0.0, 0
+        k = self.cfg.default_k if self.cfg.attention == "waitk" else None
+        with torch.no_grad():
+            for idx in make_batches(self.valid_ex, self.tc.max_tokens, 0, 0):
+                batch = collate(self.valid_ex, idx, self.cfg.pad_id, self.cfg.bos_id, self.cfg.eos_id, self.device)
+                loss, n = batch_loss(self.model, batch, self.cfg, k, 0.0)
+                total += float(loss)
+                ntok += n
+        self.model.train()
+        return total / max(ntok, 1)
+
+    def train(self) -> dict:
+        tc, cfg = self.tc, self.cfg
+        start = last_save = time.monotonic()
+        self.model.train()
+        history = []
+        stop = None
+        while self.epoch < tc.max_epochs and stop is None:
+            batches = make_batches(self.train_ex, tc.max_tokens, tc.seed, self.epoch)
+            batches = batches[: len(batches) - len(batches) % self.world or None][self.rank::self.world]
+            bar = tqdm(total=len(batches), initial=self.position, disable=not self.progress or self.rank != 0,
+                       desc=f"epoch {self.epoch + 1}", unit="batch", dynamic_ncols=True)
+            run_loss, run_tok = 0.0, 0
+            for idx in batches[self.position:]:
+                batch = collate(self.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, self.device)
+                k = sample_k(tc.seed, self.step, batch[0].shape[1]) if cfg.attention == "waitk" else None
+                self.step += 1
+                lr = inverse_sqrt_lr(self.step, tc.lr, tc.warmup)
+                for g in self.opt.param_groups:
+                    g["lr"] = lr
+                with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                    loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing)
+                self.opt.zero_grad(set_to_none=True)
+                self.scaler.scale(loss / max(ntok, 1)).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
+                self.position += 1
+                run_loss += float(loss)
+                run_tok += ntok
+                bar.update(1)
+                if self.step % 20 == 0:
+                    bar.set_postfix(loss=f"{run_loss / max(run_tok, 1):.3f}", lr=f"{lr:.2e}", step=self.step)
+                minutes = (time.monotonic() - start) / 60
+                if tc.max_steps and self.step >= tc.max_steps:
+                    stop = "max_steps"
+                elif tc.max_minutes and minutes >= tc.max_minutes:
+                    stop = "max_minutes"
+                if stop:
+                    break
+                if (time.monotonic() - last_save) / 60 >= tc.save_every_minutes:
+                    self.save_state()
+                    last_save = time.monotonic()
+            bar.close()
+            if self.position >= len(batches):
+                self.epoch += 1
+                self.position = 0
+                rec = {"epoch": self.epoch, "step": self.step, "train_loss": run_loss / max(run_tok, 1),
+                       "valid_loss": self.validate(), "minutes": round((time.monotonic() - start) / 60, 2)}
+                history.append(rec)
+                if self.rank == 0:
+                    self._end_of_epoch(rec)
+            self.save_state()
+        if self.world > 1:
+            dist.barrier()
+        return {"step": self.step, "epoch": self.epoch, "stopped": stop or "max_epochs", "history": history,
+                "resumed": self.resumed}
+
+    def _end_of_epoch(self, rec: dict) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "log.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        tqdm.write(f"epoch {rec['epoch']} step {rec['step']}: train {rec['train_loss']:.3f} "
+                   f"valid {rec['valid_loss'] if rec['valid_loss'] is None else round(rec['valid_loss'], 3)}")
+        ep = self.out / "epochs"
+        ep.mkdir(exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()},
+                  str(ep / f"epoch{self.epoch:03d}.safetensors"))
+        self.export()
+
+    def export(self) -> Path:
+        """Average the last N epoch weights into OUTPUT/checkpoint (fp16)."""
+        files = sorted((self.out / "epochs").glob("epoch*.safetensors"))[-self.tc.average_last:]
+        model = Transformer(self.cfg)
+        model.load_state_dict(average_weights(files) if files else self.model.state_dict())
+        info = {"steps": self.step, "epochs": self.epoch, "averaged": [f.name for f in files],
+                "train_config": asdict(self.tc)}
+        return save_checkpoint(self.out / "checkpoint", model, self.tok, info)
+
+
+def average_weights(paths: list[Path]) -> dict:
+    total = None
+    for p in paths:
+        sd = load_file(str(p))
+        if total is None:
+            total = {k: v.double() for k, v in sd.items()}
+        else:
+            for k, v in sd.items():
+                total[k] += v.double()
+    return {k: (v / len(paths)).float() for k, v in total.items()}
