@@ -8,6 +8,8 @@ drive this method; `advance()` is just "step until every stream waits".
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from models.beam import beam_search
@@ -49,8 +51,12 @@ class StreamingDecoder:
             s.slot = None
 
     def push(self, s: StreamState, words: list[str] | str) -> int:
-        """Append source words (a string is split on whitespace); returns words added."""
-        if s.source_finished:
+        """Receive source words (a string is split on whitespace); returns words added.
+
+        Received words wait in the stream's inbox; the policy READs them one at a
+        time, so the output and its delays do not depend on how words were chunked.
+        """
+        if s.end_received:
             raise StreamError("the source of this sentence has already ended")
         if isinstance(words, str):
             words = [words]
@@ -60,20 +66,19 @@ class StreamingDecoder:
                 raise StreamError(f"source words must be strings, got {type(w).__name__}")
             parts.extend(w.split())
         encoded = [self.tok.encode_word(w) for w in parts]
-        total = len(s.source_tokens) + sum(map(len, encoded)) + 1  # + EOS
+        total = len(s.source_tokens) + sum(len(x) for _, x in s.inbox) + sum(map(len, encoded)) + 1  # + EOS
         if total > self.cfg.max_positions:
             raise SourceTooLong(
                 f"sentence too long: {total} subwords with EOS, the model takes at most "
                 f"{self.cfg.max_positions}; end the sentence earlier")
-        for w, ids in zip(parts, encoded):
-            s.source_words.append(w)
-            s.source_tokens.extend(ids)
+        s.inbox.extend(zip(parts, encoded))
         if parts:
             s.blocked = False
         return len(parts)
 
     def finish(self, s: StreamState) -> None:
-        s.source_finished = True
+        """The sentence's source is complete (once the inbox is read, EOS follows)."""
+        s.end_received = True
         s.blocked = False
 
     # ---- the step -----------------------------------------------------------
@@ -93,8 +98,7 @@ class StreamingDecoder:
             elif s.queue:
                 out[i] = self._write(s, s.queue.pop(0))
             elif self._must_read(s):
-                s.blocked = True
-                out[i] = StepOutput(READ)
+                out[i] = self._read(s, self._quick_need(s))
             elif len(s.target_tokens) >= self._max_target_len(s):
                 out[i] = self._write(s, self.cfg.eos_id)
             elif s.policy.kind == "offline" and s.policy.beam > 1:
@@ -107,18 +111,22 @@ class StreamingDecoder:
                 out[i] = o
         return out
 
-    def advance(self, states: list[StreamState]) -> list[list[StepOutput]]:
-        """Step until every stream waits for source or is done; the outputs per stream."""
+    def advance(self, states: list[StreamState], compute: list[float] | None = None) -> list[list[StepOutput]]:
+        """Step until every stream waits for the client or is done; the WRITEs per stream.
+        `compute[i]`, if given, accumulates stream i's share of each batched step's time."""
         results = [[] for _ in states]
-        active = list(range(len(states)))
+        active = [i for i, s in enumerate(states) if not (s.done or s.blocked)]
         while active:
+            t0 = time.perf_counter()
             outs = self.step([states[i] for i in active])
-            still = []
+            if compute is not None:
+                share = (time.perf_counter() - t0) / len(active)
+                for i in active:
+                    compute[i] += share
             for i, o in zip(active, outs):
                 if o.action == WRITE:
                     results[i].append(o)
-                    still.append(i)
-            active = still
+            active = [i for i in active if not (states[i].done or states[i].blocked)]
         return results
 
     # ---- internals ------------------------------------------------------------
@@ -131,6 +139,27 @@ class StreamingDecoder:
         if s.policy.kind == "waitk":
             return len(s.target_tokens) + s.policy.k > s.available
         return False
+
+    def _quick_need(self, s: StreamState) -> float:
+        if s.policy.kind == "waitk":
+            return len(s.target_tokens) + s.policy.k
+        return float("inf")  # offline: the whole sentence
+
+    def _read(self, s: StreamState, need: float) -> StepOutput:
+        """READ: take words from the inbox until `need` source positions are there
+        (several READs in a row, done at once), the end of the source once the inbox
+        is empty and the sentence ended, else wait for the client (blocked)."""
+        moved = False
+        while s.available < need and s.inbox:
+            word, ids = s.inbox.pop(0)
+            s.source_words.append(word)
+            s.source_tokens.extend(ids)
+            moved = True
+        if s.available < need and not s.inbox and s.end_received and not s.source_finished:
+            s.source_finished = True
+            moved = True
+        s.blocked = not moved
+        return StepOutput(READ)
 
     def _max_target_len(self, s: StreamState) -> int:
         cap = self.cfg.max_positions - 1
@@ -185,6 +214,7 @@ class StreamingDecoder:
             prev, t, self.pool.gather_kv("dec", slots, int(t.max()) + 1),
             self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running)
         read = info["read"].tolist()
+        need = info["need"].tolist()
         tokens = logits.argmax(-1).tolist()
         keep = torch.tensor([not r for r in read], device=dev)
         for layer, (kk, vv) in enumerate(new_kv):
@@ -193,8 +223,7 @@ class StreamingDecoder:
         outs = []
         for r, s in enumerate(states):
             if read[r]:
-                s.blocked = True
-                outs.append(StepOutput(READ))
+                outs.append(self._read(s, need[r]))
                 continue
             if running is not None:
                 s.gma_running = info["running"][r].tolist()

@@ -45,7 +45,9 @@ class StreamState:
     slot: int | None = None
     source_words: list[str] = field(default_factory=list)
     source_tokens: list[int] = field(default_factory=list)
-    source_finished: bool = False
+    inbox: list[tuple[str, list[int]]] = field(default_factory=list)  # received, not yet read
+    end_received: bool = False         # the client ended the sentence (the inbox may still hold words)
+    source_finished: bool = False      # the policy has read every word and the end
     n_encoded: int = 0                 # source positions whose caches are filled
     target_tokens: list[int] = field(default_factory=list)
     token_delays: list[int] = field(default_factory=list)   # per target token, source positions read

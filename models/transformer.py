@@ -198,7 +198,8 @@ class Transformer(nn.Module):
         avail (B,) source positions received (EOS included once finished), finished (B,)
         bool, k (B,) wait-k lags, delta (B,) GMA offsets, running (B,L) GMA Σ Δp.
         Returns logits (B,V), new self (k, v) per layer (B,H,1,dk) and info with
-        `read` (B,) — the step needs more source than has arrived — and, for GMA,
+        `read` (B,) — the step needs more source than has arrived — with `need` (B,)
+        source positions it needs at least, and, for GMA,
         `running` (B,L) and `p` (B,L).
         """
         b = tokens.shape[0]
@@ -206,6 +207,7 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tokens.view(-1, 1), tt)
         self_allowed = causal_mask(tt, t + 1)
         read = torch.zeros(b, dtype=torch.bool, device=tokens.device)
+        need = torch.zeros(b, dtype=torch.long, device=tokens.device)
         new_kv, ps, sums, attn, ns = [], [], [], [], []
         rows = torch.arange(b, device=tokens.device)
         for li, (layer, (kb, vb), (ck, cv)) in enumerate(zip(self.decoder, self_caches, cross_caches)):
@@ -219,7 +221,11 @@ class Transformer(nn.Module):
             run = None if running is None else running[:, li]
             n, p, total = self.cross_window(layer, q, tt, avail, k, delta, run)
             n = n[:, 0]
-            read |= (n > avail) & ~finished
+            blocking = (n > avail) & ~finished
+            # the first blocking layer's window is exact (the layers below it saw all they
+            # needed); layers above it ran on a truncated source and are discarded
+            need = torch.where(read, need, torch.where(blocking, n, need))
+            read |= blocking
             n = torch.minimum(n, avail)
             prior = gma.gaussian_prior(p, ck.shape[2]) if p is not None else None
             x, w = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior)
@@ -228,7 +234,7 @@ class Transformer(nn.Module):
             if p is not None:
                 ps.append(p[:, 0])
                 sums.append(total)
-        info = {"read": read, "attention": attn, "n": torch.stack(ns, 1)}
+        info = {"read": read, "need": need, "attention": attn, "n": torch.stack(ns, 1)}
         if ps:
             info["p"] = torch.stack(ps, 1)
             info["running"] = torch.stack(sums, 1)

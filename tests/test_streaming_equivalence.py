@@ -1,0 +1,99 @@
+"""The streaming step equals full computation, whatever the batching or chunking."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import POLICIES, random_decoder
+from models.synthetic import make_pairs
+from models.translate import simulate
+
+SENTENCES = [src for src, _ in make_pairs(10, min_len=1, max_len=9, seed=7)]
+
+
+def test_incremental_encoder_equals_full_causal_pass(piece_tok):
+    dec = random_decoder(piece_tok, "gma")
+    s = dec.new_stream()
+    words = "haus wasser sonne baum licht".split()
+    rng = random.Random(0)
+    i = 0
+    while i < len(words):  # arrive in uneven chunks, read through the policy
+        n = rng.randint(1, 2)
+        dec.push(s, words[i:i + n])
+        dec.advance([s])
+        i += n
+    dec.finish(s)
+    dec.advance([s])
+    src = torch.tensor([s.source_tokens + [dec.cfg.eos_id]])
+    assert s.n_encoded == src.shape[1]
+    with torch.no_grad():
+        full = dec.model.cross_kv(dec.model.encode(src, torch.tensor([src.shape[1]])))
+    slot = torch.tensor([s.slot])
+    for layer, (k, v) in enumerate(dec.pool.gather_kv("cross", slot, src.shape[1])):
+        torch.testing.assert_close(k, full[layer][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, full[layer][1], rtol=1e-5, atol=1e-5)
+
+
+def teacher_forced(dec, state):
+    src = torch.tensor([state.source_tokens + [dec.cfg.eos_id]])
+    tgt_in = torch.tensor([[dec.cfg.bos_id] + state.target_tokens[:-1]])
+    k = torch.tensor([state.policy.k]) if state.policy.k else None
+    delta = torch.tensor([state.policy.delta]) if state.policy.delta is not None else None
+    with torch.no_grad():
+        enc = dec.model.encode(src, torch.tensor([src.shape[1]]))
+        return dec.model.decode(tgt_in, enc, torch.tensor([src.shape[1]]), k, delta, return_attention=True)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("source", ["trained", "random"])
+def test_streaming_equals_teacher_forced(policy, source, trained_decoders, word_tok):
+    dec = trained_decoders[policy] if source == "trained" else random_decoder(word_tok, policy, seed=3)
+    results, states = simulate(dec, SENTENCES, record=True, batch_size=4)
+    for state in states:
+        logits, info = teacher_forced(dec, state)
+        if dec._max_target_len(state) > len(state.target_tokens) - 1:  # not cut by the length cap
+            assert logits[0].argmax(-1).tolist()[:-1] == state.target_tokens[:-1]
+        for i, rec in enumerate(state.record):
+            for layer in range(dec.cfg.decoder_layers):
+                assert rec["n"][layer] == int(info["n"][layer][0, i]), (policy, i, layer)
+                if policy == "gma":
+                    assert rec["p"][layer] == pytest.approx(float(info["p"][layer][0, i]), abs=1e-4)
+                att = info["attention"][layer][0, :, i].mean(0)[: len(rec["attention"][layer])]
+                assert rec["attention"][layer] == pytest.approx(att.tolist(), abs=1e-4)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_batched_equals_single_stream(policy, trained_decoders):
+    dec = trained_decoders[policy]
+    alone = [simulate(dec, [s], batch_size=1)[0] for s in SENTENCES]
+    together = simulate(dec, SENTENCES, batch_size=len(SENTENCES))
+    for a, b in zip(alone, together):
+        assert (a.prediction, a.delays, a.token_delays) == (b.prediction, b.delays, b.token_delays)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_chunking_invariance(policy, trained_decoders, piece_tok):
+    for dec in (trained_decoders[policy], random_decoder(piece_tok, policy, seed=5)):
+        rng = random.Random(11)
+        chunks = []
+        for s in SENTENCES:
+            n, sizes = len(s.split()), []
+            while sum(sizes) < n:
+                sizes.append(min(rng.randint(1, 4), n - sum(sizes)))
+            chunks.append(sizes)
+        one_by_one = simulate(dec, SENTENCES)
+        chunked = simulate(dec, SENTENCES, chunks=chunks)
+        whole = simulate(dec, SENTENCES, whole_sentence=True)
+        for a, b, c in zip(one_by_one, chunked, whole):
+            assert (a.prediction, a.delays, a.token_delays) == (b.prediction, b.delays, b.token_delays)
+            assert (a.prediction, a.delays, a.token_delays) == (c.prediction, c.delays, c.token_delays)
+
+
+def test_trained_models_copy(trained_decoders):
+    pairs = make_pairs(30, seed=99)
+    for policy, dec in trained_decoders.items():
+        out = simulate(dec, [s for s, _ in pairs])
+        correct = sum(r.prediction == t for r, (_, t) in zip(out, pairs))
+        assert correct >= 24, (policy, correct)
