@@ -11,6 +11,8 @@ raises CheckpointError naming the problem.
 """
 from __future__ import annotations
 
+from models.errors import UserError
+
 import json
 from pathlib import Path
 
@@ -26,7 +28,7 @@ FORMAT = "simulserve-checkpoint"
 VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     pass
 
 

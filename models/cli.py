@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from models.errors import UserError
+
 # subcommand name -> module that registers it
 COMMANDS = {
     "train": "models.train_cli",
@@ -49,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, FileNotFoundError) as e:
+        # bad checkpoint, bad setting, bad input: a message for the user, no traceback
+        print(f"simulserve {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

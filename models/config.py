@@ -1,13 +1,15 @@
 """Model configuration that travels with the weights (saved as config.json)."""
 from __future__ import annotations
 
+from models.errors import UserError
+
 import dataclasses
 from dataclasses import dataclass, field
 
 ATTENTION_KINDS = ("standard", "waitk", "gma")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration (or checkpoint config.json) is malformed or inconsistent."""
 
 

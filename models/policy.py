@@ -1,13 +1,15 @@
 """Per-stream policy settings: which latency knob a stream uses, validated up front."""
 from __future__ import annotations
 
+from models.errors import UserError
+
 import math
 from dataclasses import dataclass
 
 from models.config import ModelConfig
 
 
-class PolicyError(ValueError):
+class PolicyError(UserError):
     """A latency setting is invalid for the model (k <= 0, δ < 0, wrong knob...)."""
 
 

@@ -6,12 +6,14 @@ drop one at once when its client disconnects.
 """
 from __future__ import annotations
 
+from models.errors import UserError
+
 from dataclasses import dataclass, field
 
 from models.policy import Policy
 
 
-class StreamError(ValueError):
+class StreamError(UserError):
     """Bad use of a stream: words after the end of the source, a too-long sentence..."""
 
 

@@ -232,7 +232,7 @@ class Trainer:
                 self.scaler.step(self.opt)
                 self.scaler.update()
                 self.position += 1
-                run_loss += float(loss)
+                run_loss += float(loss.detach())
                 run_tok += ntok
                 bar.update(1)
                 if self.step % 20 == 0:
@@ -246,6 +246,8 @@ class Trainer:
                     break
                 if (time.monotonic() - last_save) / 60 >= tc.save_every_minutes:
                     self.save_state()
+                    if self.rank == 0 and not self.epoch:  # a usable checkpoint before epoch 1 ends
+                        self.export()
                     last_save = time.monotonic()
             bar.close()
             if self.position >= len(batches):
@@ -277,6 +279,7 @@ class Trainer:
     def export(self) -> Path:
         """Average the last N epoch weights into OUTPUT/checkpoint (fp16)."""
         files = sorted((self.out / "epochs").glob("epoch*.safetensors"))[-self.tc.average_last:]
+        # before the first epoch ends there is nothing to average: export the current weights
         model = Transformer(self.cfg)
         model.load_state_dict(average_weights(files) if files else self.model.state_dict())
         info = {"steps": self.step, "epochs": self.epoch, "averaged": [f.name for f in files],

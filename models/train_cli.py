@@ -15,6 +15,7 @@ def register(sub) -> None:
     p.add_argument("--max-minutes", type=float, help="stop and save after this many minutes")
     p.add_argument("--max-steps", type=int, help="stop after this many updates in total")
     p.add_argument("--max-epochs", type=int, help="stop after this many epochs in total")
+    p.add_argument("--init-from", help="override the recipe's init_from checkpoint (fine-tuning)")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--export-only", action="store_true",
@@ -28,7 +29,7 @@ def run(args) -> int:
     overrides = {k: v for k, v in {
         "output": args.output, "data": args.data, "max_minutes": args.max_minutes,
         "max_steps": args.max_steps, "max_epochs": args.max_epochs, "device": args.device,
-        "threads": args.threads}.items() if v is not None}
+        "threads": args.threads, "init_from": args.init_from}.items() if v is not None}
     trainer = Trainer(load_train_config(args.config, overrides), progress=not args.no_progress)
     if args.export_only:
         print(trainer.export())

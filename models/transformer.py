@@ -145,12 +145,13 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tgt_in, t)
         self_allowed = causal_mask(t, torch.full((b,), t_len, device=t.device))
         cross = self.cross_kv(enc)
-        info = {"p": [], "n": [], "attention": []}
+        info = {"p": [], "n": [], "need": [], "attention": []}
         for layer, (ck, cv) in zip(self.decoder, cross):
             sk, sv = layer.self_attn.keys_values(x)
             x = layer.self_block(x, sk, sv, self_allowed)
             q = layer.cross_attn.query(x)
             n, p, _ = self.cross_window(layer, q, t, src_len, k, delta)
+            info["need"].append(n)
             n = torch.minimum(n, src_len.view(-1, 1))
             prior = gma.gaussian_prior(p, enc.shape[1]) if p is not None else None
             x, w = layer.cross_block(x, q, ck, cv, visible_mask(n, enc.shape[1]), prior)

@@ -47,13 +47,31 @@ def random_decoder(tok, policy: str, seed: int = 0, **over) -> StreamingDecoder:
     return StreamingDecoder(Transformer(tiny_config(tok, policy, **over)), tok)
 
 
+def _code_hash() -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted((ROOT / "models").glob("*.py")) + [Path(__file__)]:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, word_tok):
-    """policy -> checkpoint directory of a tiny model trained on the copy task (~10 s each)."""
+    """policy -> checkpoint directory of a tiny model trained on the copy task (~10 s each).
+
+    Developers may set SIMULSERVE_TEST_CACHE=DIR to reuse them between runs while the
+    model code is unchanged (CI always trains afresh)."""
     from models.train import TrainConfig, Trainer
+    cache = os.environ.get("SIMULSERVE_TEST_CACHE")
     out = {}
     for policy in POLICIES:
-        d = tmp_path_factory.mktemp(f"trained_{policy}")
+        if cache:
+            d = Path(cache) / _code_hash() / policy
+            if (d / "checkpoint" / "config.json").is_file():
+                out[policy] = d / "checkpoint"
+                continue
+        else:
+            d = tmp_path_factory.mktemp(f"trained_{policy}")
         cfg = tiny_config(word_tok, policy, d_model=64, d_ffn=128)
         model = {k: v for k, v in cfg.to_dict().items()
                  if k not in ("vocab_size", "src_lang", "tgt_lang", "pad_id", "unk_id", "bos_id", "eos_id")}

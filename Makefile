@@ -1,0 +1,41 @@
+# The README's two commands:  `make serve`  and  `make test`.
+# Both set up .venv on a fresh machine first (idempotent).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+HOST    ?= 127.0.0.1
+PORT    ?= 8000
+# torch is pinned here, installed before the project: an unpinned resolution
+# would pull a multi-GB CUDA build. On a GPU machine: make setup TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup setup-test serve test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[eval,test]"
+	-bash docker/install-browser.sh
+	touch $@
+
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+serve: setup
+	$(BIN)/simulserve serve --host $(HOST) --port $(PORT)
+
+test: setup-test
+	$(BIN)/python -m pytest -q -ra tests
+
+bench: setup
+	$(BIN)/simulserve bench engine
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,73 @@
+"""`simulserve bench engine|server`: benchmarks that print their figures (never asserted in tests)."""
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks: the streaming engine, or a running server")
+    which = p.add_subparsers(dest="bench", metavar="WHAT")
+    e = which.add_parser("engine", help="streaming step vs a naive re-computing baseline")
+    e.add_argument("--checkpoint", "-m", action="append",
+                   help="checkpoint dir or shipped name (repeatable; default: every shipped model)")
+    e.add_argument("--source", help="text to cut sentences from (default: data/de-en/test.de)")
+    e.add_argument("--lengths", default="10,30,100", help="source lengths in words")
+    e.add_argument("--count", type=int, default=5, help="sentences per length")
+    e.add_argument("--k", type=int)
+    e.add_argument("--delta", type=float)
+    e.add_argument("--threads", type=int, default=1, help="torch threads (1: per-stream cost)")
+    e.add_argument("--json", help="also write the rows here")
+    e.set_defaults(func=run_engine)
+    try:
+        from server.bench import add_server_bench_args, run_server_bench
+    except ImportError:
+        return
+    s = which.add_parser("server", help="simulated speakers against a running server")
+    add_server_bench_args(s)
+    s.set_defaults(func=run_server_bench)
+
+
+def run_engine(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from models.bench_engine import bench_engine
+    from models.checkpoint import load_checkpoint
+    from models.errors import UserError
+    from models.shipped import resolve_checkpoint, shipped_checkpoints
+    from models.step import StreamingDecoder
+    torch.set_num_threads(args.threads)
+    names = args.checkpoint or list(shipped_checkpoints())
+    if not names:
+        raise UserError("no shipped models: pass --checkpoint DIR")
+    path = args.source or "data/de-en/test.de"
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: pass --source FILE (any German text)") from None
+    lengths = [int(x) for x in args.lengths.split(",")]
+    all_rows = []
+    for name in names:
+        model, tok, _ = load_checkpoint(resolve_checkpoint(name))
+        dec = StreamingDecoder(model, tok)
+        k = args.k if model.cfg.policy == "waitk" else None
+        delta = args.delta if model.cfg.policy == "gma" else None
+        with tqdm(total=len(lengths) * args.count, desc=str(name), unit="sent") as bar:
+            rows = bench_engine(dec, lines, lengths, args.count, k=k, delta=delta, progress=bar)
+        print(f"\n{name} ({model.cfg.policy}, {args.threads} thread(s))")
+        print("| words | target tokens | streaming ms/sentence | naive ms/sentence | speed-up | "
+              "streaming ms/token | naive ms/token | identical |")
+        print("|---:|---:|---:|---:|---:|---:|---:|:---:|")
+        for r in rows:
+            print(f"| {r['words']} | {r['target_tokens']:.1f} | {r['stream_ms']:.1f} | {r['naive_ms']:.1f} | "
+                  f"{r['speedup']:.1f}x | {r['stream_ms_per_token']:.2f} | {r['naive_ms_per_token']:.2f} | "
+                  f"{'yes' if r['identical'] else 'NO'} |")
+        growth = rows[-1]["stream_ms_per_token"] / rows[0]["stream_ms_per_token"]
+        print(f"streaming compute per written token, {rows[-1]['words']} vs {rows[0]['words']} words: "
+              f"{growth:.2f}x")
+        all_rows.append({"checkpoint": str(name), "policy": model.cfg.policy, "rows": rows,
+                         "per_token_growth": growth})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(all_rows, f, indent=1)
+    return 0 if all(r["identical"] for a in all_rows for r in a["rows"]) else 1

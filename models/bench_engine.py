@@ -1,0 +1,103 @@
+"""`simulserve bench engine`: the streaming step against a naive re-computing baseline.
+
+The baseline follows the pattern of the fairseq/SimulEval reference agents:
+on every READ it re-encodes the whole source prefix, and every decision runs
+the decoder over the whole target prefix without a cache. It exists only to
+be measured against; both must produce identical tokens and delays.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from models.step import MAX_LEN_A, MAX_LEN_B, StreamingDecoder
+from models.translate import simulate
+
+
+@torch.inference_mode()
+def naive_translate(model, tok, sentence: str, k: int | None = None, delta: float | None = None):
+    """-> (target tokens incl. EOS, token delays) recomputing everything at every step."""
+    cfg = model.cfg
+    words = sentence.split()
+    src, tgt, delays = [], [], []
+    read, finished, enc = 0, False, None
+    while True:
+        avail = len(src) + finished
+        if enc is None and (cfg.causal_encoder or finished):  # re-encode the whole prefix
+            ids = torch.tensor([src + [cfg.eos_id] * finished or [cfg.pad_id]])
+            enc = model.encode(ids, torch.tensor([max(avail, 1)]))
+        must_read = not finished and (
+            cfg.policy == "offline" or (cfg.policy == "waitk" and len(tgt) + k > avail))
+        token = None
+        if not must_read:
+            cap = cfg.max_positions - 1
+            if finished:
+                cap = min(cap, MAX_LEN_A * avail + MAX_LEN_B)
+            if len(tgt) >= cap:
+                token = cfg.eos_id
+            else:
+                tgt_in = torch.tensor([[cfg.bos_id] + tgt])
+                kk = torch.tensor([k]) if k is not None else None
+                dd = torch.tensor([delta]) if delta is not None else None
+                logits, info = model.decode(tgt_in, enc[:, :max(avail, 1)], torch.tensor([avail]), kk, dd)
+                needs = [int(n[0, -1]) for n in info["need"]]
+                if not finished and cfg.policy == "gma" and max(needs) > avail:
+                    must_read = True
+                else:
+                    token = int(logits[0, -1].argmax())
+        if must_read:
+            if read < len(words):
+                src += tok.encode_word(words[read])
+                read += 1
+            else:
+                finished = True
+            enc = None
+            continue
+        tgt.append(token)
+        delays.append(avail)
+        if token == cfg.eos_id:
+            return tgt, delays
+
+
+def make_sentences(source_lines: list[str], n_words: int, count: int) -> list[str]:
+    """`count` pseudo-sentences of exactly n_words words, cut from consecutive lines."""
+    words = " ".join(source_lines).split()
+    if len(words) < n_words:
+        raise ValueError(f"need at least {n_words} source words, got {len(words)}")
+    out, pos = [], 0
+    for _ in range(count):
+        if pos + n_words > len(words):
+            pos = 0
+        out.append(" ".join(words[pos:pos + n_words]))
+        pos += n_words
+    return out
+
+
+def bench_engine(decoder: StreamingDecoder, source_lines: list[str], lengths=(10, 30, 100), count: int = 5,
+                 k: int | None = None, delta: float | None = None, progress=None) -> list[dict]:
+    """Per length: mean per-sentence ms and ms per written token for both, and whether outputs agree."""
+    rows = []
+    for n in lengths:
+        sentences = make_sentences(source_lines, n, count)
+        stream_ms, naive_ms, tokens, same = [], [], [], True
+        for s in sentences:
+            t0 = time.perf_counter()
+            (res,) = simulate(decoder, [s], k=k, delta=delta, batch_size=1)
+            stream_ms.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            tgt, delays = naive_translate(decoder.model, decoder.tok, s, k=k, delta=delta)
+            naive_ms.append((time.perf_counter() - t0) * 1000)
+            tokens.append(res.target_tokens)
+            same &= (len(tgt) == res.target_tokens and delays == res.token_delays
+                     and decoder.tok.decode(tgt[:-1]).split() == res.prediction.split())
+            if progress is not None:
+                progress.update(1)
+        per_tok = statistics.mean(m / t for m, t in zip(stream_ms, tokens))
+        rows.append({"words": n, "sentences": count, "target_tokens": statistics.mean(tokens),
+                     "stream_ms": statistics.mean(stream_ms), "naive_ms": statistics.mean(naive_ms),
+                     "stream_ms_per_token": per_tok,
+                     "naive_ms_per_token": statistics.mean(m / t for m, t in zip(naive_ms, tokens)),
+                     "speedup": statistics.mean(naive_ms) / statistics.mean(stream_ms), "identical": same})
+    return rows

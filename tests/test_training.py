@@ -1,0 +1,122 @@
+"""Training: a resumed run equals an uninterrupted one; averaging; the CLI; DDP on gloo."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import ROOT, tiny_config
+from models.synthetic import make_pairs
+from models.train import TrainConfig, Trainer, average_weights, inverse_sqrt_lr
+
+MODEL_KEYS_DROPPED = ("vocab_size", "src_lang", "tgt_lang", "pad_id", "unk_id", "bos_id", "eos_id")
+
+
+def model_dict(tok, policy):
+    return {k: v for k, v in tiny_config(tok, policy, dropout=0.1).to_dict().items() if k not in MODEL_KEYS_DROPPED}
+
+
+def run(tok, out, policy, **kw):
+    tc = TrainConfig(output=str(out), model=model_dict(tok, policy), max_tokens=256, lr=2e-3, warmup=20,
+                     label_smoothing=0.1, average_last=2, seed=3, **kw)
+    trainer = Trainer(tc, tok, make_pairs(300, seed=1), make_pairs(20, seed=2), progress=False)
+    return trainer, trainer.train()
+
+
+@pytest.mark.parametrize("policy", ["waitk", "gma"])
+def test_resumed_training_equals_uninterrupted(policy, word_tok, tmp_path):
+    # dropout and multipath k draws make this sensitive to RNG and batch-order restoration
+    _, full = run(word_tok, tmp_path / "full", policy, max_steps=30, max_epochs=10)
+    _, first = run(word_tok, tmp_path / "split", policy, max_steps=13, max_epochs=10)
+    assert first["step"] == 13 and first["stopped"] == "max_steps"
+    resumed, second = run(word_tok, tmp_path / "split", policy, max_steps=30, max_epochs=10)
+    assert resumed.resumed and second["step"] == 30
+    a = load_file(str(tmp_path / "full" / "train_state" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "train_state" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+def test_loss_falls_and_epochs_are_logged(word_tok, tmp_path):
+    _, result = run(word_tok, tmp_path, "gma", max_epochs=3)
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1, 2, 3]
+    assert log[-1]["train_loss"] < log[0]["train_loss"] and log[-1]["valid_loss"] < log[0]["valid_loss"]
+    assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
+    meta = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    assert meta["training"]["averaged"] == ["epoch002.safetensors", "epoch003.safetensors"]
+
+
+def test_average_weights_is_the_mean(tmp_path):
+    save_file({"w": torch.tensor([1.0, 2.0])}, str(tmp_path / "a.safetensors"))
+    save_file({"w": torch.tensor([3.0, 6.0])}, str(tmp_path / "b.safetensors"))
+    assert torch.equal(average_weights([tmp_path / "a.safetensors", tmp_path / "b.safetensors"])["w"],
+                       torch.tensor([2.0, 4.0]))
+
+
+def test_inverse_sqrt_schedule():
+    assert inverse_sqrt_lr(50, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
+
+
+def write_dataset(tok, d: Path):
+    d.mkdir(parents=True)
+    for split, n, seed in (("train", 200, 1), ("valid", 20, 2)):
+        pairs = make_pairs(n, seed=seed)
+        (d / f"{split}.de").write_text("\n".join(p[0] for p in pairs) + "\n")
+        (d / f"{split}.en").write_text("\n".join(p[1] for p in pairs) + "\n")
+    (d / "spm.model").write_bytes(tok.proto)
+
+
+def write_recipe(tok, tmp_path, policy="gma") -> Path:
+    write_dataset(tok, tmp_path / "data")
+    import yaml
+    recipe = {"data": str(tmp_path / "data"), "output": str(tmp_path / "run"), "max_tokens": 256,
+              "warmup": 10, "max_epochs": 1, "average_last": 1, "model": model_dict(tok, policy)}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return tmp_path / "recipe.yaml"
+
+
+def cli(*args, **kw):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def test_train_command_trains_and_resumes(word_tok, tmp_path):
+    recipe = write_recipe(word_tok, tmp_path)
+    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "5")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 5
+    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "9")
+    assert r.returncode == 0, r.stderr
+    assert "resuming at step 5" in r.stdout
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 9
+
+
+def test_bad_recipe_is_a_clear_error(tmp_path):
+    (tmp_path / "bad.yaml").write_text("output: x\nmodel: {}\nlearning_rate: 1\n")
+    r = cli("-m", "models.cli", "train", str(tmp_path / "bad.yaml"))
+    assert r.returncode == 2 and "unknown training config keys" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_distributed_training_with_two_gloo_processes(word_tok, tmp_path):
+    recipe = write_recipe(word_tok, tmp_path)
+    r = cli("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+            "-m", "models.cli", "train", str(recipe), "--no-progress", "--device", "cpu", "--threads", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 1  # one epoch, logged once (by rank 0)
+    single = Trainer(TrainConfig(output=str(tmp_path / "one"), data=str(tmp_path / "data"),
+                                 model=model_dict(word_tok, "gma"), max_tokens=256), progress=False)
+    from models.data_loading import make_batches
+    n_batches = len(make_batches(single.train_ex, 256, 1, 0))
+    assert log[0]["step"] == n_batches // 2  # each rank took half of the batches
+    assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
