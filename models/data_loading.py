@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from models.errors import UserError
 from models.tokenizer import Tokenizer
 
 
@@ -14,7 +15,7 @@ def read_parallel(prefix: str | Path, src_lang: str, tgt_lang: str) -> list[tupl
     src = Path(f"{prefix}.{src_lang}").read_text(encoding="utf-8").splitlines()
     tgt = Path(f"{prefix}.{tgt_lang}").read_text(encoding="utf-8").splitlines()
     if len(src) != len(tgt):
-        raise ValueError(f"{prefix}: {len(src)} {src_lang} lines but {len(tgt)} {tgt_lang} lines")
+        raise UserError(f"{prefix}: {len(src)} {src_lang} lines but {len(tgt)} {tgt_lang} lines")
     return list(zip(src, tgt))
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from models.tokenizer import Tokenizer, train_tokenizer
+from models.data import vocab
+from models.tokenizer import Tokenizer
 
 WORDS = ["haus", "baum", "wald", "stein", "licht", "wasser", "feuer", "berg", "fluss", "stadt",
          "land", "meer", "wind", "erde", "sonne", "mond"]
@@ -47,6 +48,6 @@ def make_tokenizer(directory: str | Path, kind: str = "word", vocab_size: int | 
     text.write_text("\n".join(x for p in pairs for x in p) + "\n")
     if vocab_size is None:
         vocab_size = len(WORDS) + 5 if kind == "word" else 40
-    path = train_tokenizer(text, directory / f"spm_{kind}", vocab_size, model_type=kind,
-                           hard_vocab_limit=False, minloglevel=2)
+    path = vocab.train([text], directory / f"spm_{kind}", vocab_size, model_type=kind,
+                       hard_vocab_limit=False)
     return Tokenizer(path)

@@ -48,13 +48,3 @@ class Tokenizer:
     def starts_word(self, token: int) -> bool:
         return self.word_start[token]
 
-
-def train_tokenizer(texts_path: str | Path, prefix: str | Path, vocab_size: int,
-                    **options) -> Path:
-    """Train a joint unigram vocabulary with the project's special ids; returns the .model path."""
-    options.setdefault("model_type", "unigram")
-    spm.SentencePieceTrainer.train(
-        input=str(texts_path), model_prefix=str(prefix), vocab_size=vocab_size,
-        character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
-        **options)
-    return Path(str(prefix) + ".model")

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from models.checkpoint import pick_device, save_checkpoint
 from models.config import ModelConfig
+from models.errors import UserError
 from models.data_loading import collate, encode_pairs, make_batches, read_parallel
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
@@ -58,12 +59,12 @@ def load_train_config(path: str | Path, overrides: dict | None = None) -> TrainC
     import yaml
     raw = yaml.safe_load(Path(path).read_text())
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a training config must be a mapping")
+        raise UserError(f"{path}: a training config must be a mapping")
     raw.update(overrides or {})
     known = TrainConfig.__dataclass_fields__
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ValueError(f"{path}: unknown training config keys {unknown}")
+        raise UserError(f"{path}: unknown training config keys {unknown}")
     return TrainConfig(**raw)
 
 
@@ -179,7 +180,7 @@ class Trainer:
             return False
         meta = json.loads((d / "state.json").read_text())
         if meta["model"] != self.cfg.to_dict():
-            raise ValueError(f"{d}: saved model config differs from this run's; use another output directory")
+            raise UserError(f"{d}: saved model config differs from this run's; use another output directory")
         self.model.load_state_dict(load_file(str(d / "model.safetensors"), device=str(self.device)))
         opt = load_file(str(d / "optimizer.safetensors"), device=str(self.device))
         for i, p in enumerate(self.model.parameters()):

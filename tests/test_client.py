@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from models.synthetic import make_pairs
-from server.app import resolve_models
-from server.settings import SettingsError, load_settings
+from server.settings import SettingsError, load_settings, resolve_models
 from test_server import LiveServer, reference  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -131,3 +131,15 @@ def test_flood_backlog_and_sizes_while_a_good_stream_carries_on(server, referenc
     for r in (backlog, too_long, large):  # the rejected message changed nothing; the stream went on
         assert [m["translation"] for m in r[0] if m["type"] == "sentence"] == \
             [reference("waitk", {"k": 2}, "haus baum").prediction]
+
+
+def test_not_ready_while_the_models_load(trained):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import load_settings
+    client = TestClient(create_app(load_settings(models={"w": str(trained["waitk"])})))  # no lifespan: not loaded
+    assert client.get("/health").status_code == 503 and client.get("/health").json()["status"] == "loading"
+    with client.websocket_connect("/v1/stream") as ws:
+        msg = ws.receive_json()
+        assert msg["code"] == "not_ready" and msg["fatal"]

@@ -92,10 +92,10 @@ def cli(*args, **kw):
 
 def test_train_command_trains_and_resumes(word_tok, tmp_path):
     recipe = write_recipe(word_tok, tmp_path)
-    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "5")
+    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "5", "--max-epochs", "5")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 5
-    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "9")
+    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "9", "--max-epochs", "5")
     assert r.returncode == 0, r.stderr
     assert "resuming at step 5" in r.stdout
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 9

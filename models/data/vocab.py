@@ -11,15 +11,16 @@ SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 
 def train(inputs: list[Path], model_prefix: Path, vocab_size: int, seed: int = 1,
           threads: int = 1, hard_vocab_limit: bool = True,
-          input_sentence_size: int = 2_000_000) -> Path:
+          input_sentence_size: int = 2_000_000, model_type: str = "unigram") -> Path:
     """Unigram model, full character coverage (German umlauts/ß and the odd
-    symbol must not become <unk>), nmt_nfkc normalisation; returns spm.model."""
+    symbol must not become <unk>), nmt_nfkc normalisation; returns spm.model.
+    (Tests build `word` models: one piece per word.)"""
     spm.set_random_generator_seed(seed)      # sampling of input sentences
     spm.SentencePieceTrainer.train(
         input=[str(p) for p in inputs],
         model_prefix=str(model_prefix),
         vocab_size=vocab_size,
-        model_type="unigram",
+        model_type=model_type,
         character_coverage=1.0,
         normalization_rule_name="nmt_nfkc",
         input_sentence_size=input_sentence_size,
