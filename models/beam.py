@@ -46,14 +46,20 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
                 seq = hyps[b] + [tok]
                 done.append((score / (len(seq) ** length_penalty), seq))
             elif len(new_hyps) < beam:
-                new_hyps.append(hyps[b] + [tok]); new_scores.append(score); order.append(b); tokens.append(tok)
+                new_hyps.append(hyps[b] + [tok])
+                new_scores.append(score)
+                order.append(b)
+                tokens.append(tok)
             if len(new_hyps) == beam and len(done) >= beam:
                 break
         best_open = max(new_scores) / ((t + 2) ** length_penalty) if new_scores else float("-inf")
         if not new_hyps or (len(done) >= beam and max(d[0] for d in done) >= best_open):
             break
-        while len(new_hyps) < beam:  # keep tensor shapes fixed
-            new_hyps.append(new_hyps[0]); new_scores.append(float("-inf")); order.append(order[0]); tokens.append(tokens[0])
+        while len(new_hyps) < beam:  # keep tensor shapes fixed: pad with dead copies
+            new_hyps.append(new_hyps[0])
+            new_scores.append(float("-inf"))
+            order.append(order[0])
+            tokens.append(tokens[0])
         sel = torch.tensor(order, device=dev)
         caches = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in caches]
         hyps, scores = new_hyps, torch.tensor(new_scores, device=dev)

@@ -11,8 +11,6 @@ raises CheckpointError naming the problem.
 """
 from __future__ import annotations
 
-from models.errors import UserError
-
 import json
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from models.config import ConfigError, ModelConfig
+from models.errors import UserError
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
 

@@ -1,10 +1,10 @@
 """Model configuration that travels with the weights (saved as config.json)."""
 from __future__ import annotations
 
-from models.errors import UserError
-
 import dataclasses
 from dataclasses import dataclass, field
+
+from models.errors import UserError
 
 ATTENTION_KINDS = ("standard", "waitk", "gma")
 

@@ -1,12 +1,11 @@
 """Per-stream policy settings: which latency knob a stream uses, validated up front."""
 from __future__ import annotations
 
-from models.errors import UserError
-
 import math
 from dataclasses import dataclass
 
 from models.config import ModelConfig
+from models.errors import UserError
 
 
 class PolicyError(UserError):

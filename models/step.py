@@ -15,8 +15,7 @@ import torch
 from models.beam import beam_search
 from models.cache_pool import CachePool
 from models.policy import Policy, make_policy
-from models.stream import (DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError,
-                           StreamState, TargetWord)
+from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
 

@@ -6,10 +6,9 @@ drop one at once when its client disconnects.
 """
 from __future__ import annotations
 
-from models.errors import UserError
-
 from dataclasses import dataclass, field
 
+from models.errors import UserError
 from models.policy import Policy
 
 

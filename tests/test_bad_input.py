@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, random_decoder
+
 from models.policy import PolicyError
 from models.stream import SourceTooLong, StreamError
 

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 import torch
+from conftest import random_decoder
 from safetensors.torch import load_file, save_file
 
-from conftest import random_decoder
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.step import StreamingDecoder
 from models.synthetic import make_pairs

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import random_decoder
+
 from models.synthetic import make_pairs
 from models.translate import simulate
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import POLICIES, random_decoder
+
 from models.synthetic import make_pairs
 from models.translate import simulate
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, tiny_config
 from safetensors.torch import load_file, save_file
 
-from conftest import ROOT, tiny_config
 from models.synthetic import make_pairs
 from models.train import TrainConfig, Trainer, average_weights, inverse_sqrt_lr
 

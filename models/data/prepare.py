@@ -15,8 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import Pair
-from . import vocab
+from . import Pair, vocab
 from .normalize import clean, reject_reason
 
 SPLITS = ("train", "valid", "test")
