@@ -10,7 +10,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(1)  # tiny models: a second thread only adds contention
 
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.config import ModelConfig  # noqa: E402

@@ -1,0 +1,242 @@
+"""`simulserve evaluate` and `simulserve plot-alignment` on tiny checkpoints: the numbers
+equal models/latency.py + sacrebleu applied to simulate(), the files are valid, bad input
+gives clear errors."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.cli import main
+from models.latency import corpus_scores, paper_convention_scores, sentence_scores
+from models.synthetic import make_pairs
+from models.translate import simulate
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SET_A = make_pairs(12, min_len=1, max_len=9, seed=41)
+SET_B = make_pairs(7, min_len=2, max_len=6, seed=42)
+KS, DELTAS = (1, 3), (0.5, 1.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two shared cores: torch's spinning threads make the tiny models 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def write_set(directory: Path, name: str, pairs, src_lang="de", tgt_lang="en") -> tuple[Path, Path]:
+    src, ref = directory / f"{name}.{src_lang}", directory / f"{name}.{tgt_lang}"
+    src.write_text("\n".join(s for s, _ in pairs) + "\n")
+    ref.write_text("\n".join(t for _, t in pairs) + "\n")
+    return src, ref
+
+
+def assert_png(path: Path) -> None:
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image.std() > 0  # not a blank canvas
+
+
+@pytest.fixture(scope="module")
+def evaluation(trained, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("evaluate")
+    a, b = write_set(tmp, "setA", SET_A), write_set(tmp, "setB", SET_B)
+    out = tmp / "out"
+    argv = ["evaluate", "--checkpoint", str(trained["gma"]), "--checkpoint", str(trained["waitk"]),
+            "--checkpoint", str(trained["offline"]), "--k", ",".join(map(str, KS)),
+            "--delta", ",".join(map(str, DELTAS)), "--source", str(a[0]), "--reference", str(a[1]),
+            "--source", str(b[0]), "--reference", str(b[1]), "--output", str(out), "--device", "cpu"]
+    return argv, out
+
+
+@pytest.fixture(scope="module")
+def evaluation_run(evaluation):
+    import contextlib
+    import io
+
+    argv, out = evaluation
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(argv)
+    return code, stdout.getvalue(), out
+
+
+def expected_row(decoder, pairs, setting) -> dict:
+    """The metrics computed independently: simulate() + models/latency.py + sacrebleu."""
+    import sacrebleu
+
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    results = simulate(decoder, sources, **setting)
+    words = corpus_scores(sentence_scores(r.delays, r.source_words, len(r.delays), ref_len=len(ref.split()))
+                          for r, ref in zip(results, refs) if r.delays)  # SimulEval skips empty outputs
+    paper = corpus_scores(paper_convention_scores(r.token_delays[:-1], r.source_subwords) for r in results)
+    return {"BLEU": sacrebleu.corpus_bleu([r.prediction for r in results], [refs]).score,
+            "simuleval": words.as_dict(), "paper": paper.as_dict(),
+            "no_output": sum(not r.delays for r in results)}
+
+
+def test_evaluate_writes_table_json_csv_matching_the_latency_module(evaluation_run, trained_decoders):
+    code, stdout, out = evaluation_run
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    want = [(s, p, st) for s in ("setA", "setB")
+            for p, st in [("gma", f"delta={d:g}") for d in DELTAS] + [("waitk", f"k={k}") for k in KS]
+            + [("offline", "offline")]]
+    assert [(r["set"], r["policy"], r["setting"]) for r in rows] == want
+    pairs = {"setA": SET_A, "setB": SET_B}
+    for r in rows:
+        setting = {"k": r["k"]} if r["policy"] == "waitk" else {"delta": r["delta"]} if r["policy"] == "gma" else {}
+        exp = expected_row(trained_decoders[r["policy"]], pairs[r["set"]], setting)
+        assert r["BLEU"] == pytest.approx(exp["BLEU"], rel=1e-12)
+        assert r["simuleval"] == pytest.approx(exp["simuleval"], rel=1e-12)
+        assert r["paper"] == pytest.approx(exp["paper"], rel=1e-12)
+        assert r["sentences"] == len(pairs[r["set"]]) and r["no_output"] == exp["no_output"]
+    # the CSV holds the same numbers, flat
+    with open(out / "results.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows)
+    for r, c in zip(rows, table):
+        assert (c["set"], c["policy"], c["setting"]) == (r["set"], r["policy"], r["setting"])
+        assert float(c["BLEU"]) == pytest.approx(r["BLEU"])
+        for m in ("AL", "LAAL", "AP", "DAL", "CW"):
+            assert float(c[m]) == pytest.approx(r["simuleval"][m])
+            assert float(c[f"paper_{m}"]) == pytest.approx(r["paper"][m])
+    # the printed table: both conventions, one line per row, AL as printed
+    assert "SimulEval: words" in stdout and "GMA paper: subwords + EOS" in stdout
+    lines = [line for line in stdout.splitlines() if line.startswith(("setA", "setB"))]
+    assert len(lines) == len(rows)
+    for line, r in zip(lines, rows):
+        assert f"{r['BLEU']:.2f}" in line and f"{r['simuleval']['AL']:.3f}" in line
+    # per-sentence outputs, with the references
+    detail = out / "outputs" / "setA" / f"{rows[0]['model']}.delta=0.5.jsonl"
+    first = json.loads(detail.read_text().splitlines()[0])
+    assert first["source"] == SET_A[0][0] and first["reference"] == SET_A[0][1]
+
+
+def test_evaluate_draws_a_valid_bleu_al_png_per_set(evaluation_run):
+    code, _, out = evaluation_run
+    assert code == 0
+    for name in ("setA", "setB"):
+        assert_png(out / f"bleu_al.{name}.png")
+
+
+def test_evaluate_data_directory_shortcut(trained, tmp_path):
+    data = tmp_path / "de-en"
+    data.mkdir()
+    write_set(data, "test", SET_B)
+    write_set(data, "test.alpha", SET_B[:3])
+    write_set(data, "test.beta", SET_B[3:])
+    write_set(data, "valid", SET_A)
+    code = main(["evaluate", "-m", str(trained["waitk"]), "--data", str(data), "--output", str(tmp_path / "o"),
+                 "--quiet", "--device", "cpu"])
+    assert code == 0
+    res = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert [s["name"] for s in res["sets"]] == ["test", "test.alpha", "test.beta"]
+    assert [s["sentences"] for s in res["sets"]] == [7, 3, 4]
+    assert [r["setting"] for r in res["results"]] == ["k=2"] * 3  # the checkpoint's default k
+    code = main(["evaluate", "-m", str(trained["waitk"]), "--data", str(data), "--sets", "beta",
+                 "--splits", "test,valid", "--output", str(tmp_path / "o2"), "--quiet", "--device", "cpu"])
+    assert code == 0
+    res = json.loads((tmp_path / "o2" / "results.json").read_text())
+    assert [s["name"] for s in res["sets"]] == ["test.beta"]
+
+
+# ------------------------------------------------------------- bad input
+
+def bad_inputs(tmp: Path, trained) -> dict:
+    good_src, good_ref = write_set(tmp, "good", SET_B)
+    short_src, short_ref = write_set(tmp, "short", SET_B)
+    short_ref.write_text("\n".join(t for _, t in SET_B[:-1]) + "\n")
+    empty_src, empty_ref = write_set(tmp, "empty", SET_B)
+    lines = [s for s, _ in SET_B]
+    lines[3] = "   "
+    empty_src.write_text("\n".join(lines) + "\n")
+    no_config = tmp / "not_a_checkpoint"
+    no_config.mkdir()
+    ok = ["--source", str(good_src), "--reference", str(good_ref)]
+    gma = ["-m", str(trained["gma"])]
+    return {
+        "mismatched line counts": (gma + ["--source", str(short_src), "--reference", str(short_ref)],
+                                   "line counts differ: .*short.de has 7 lines, .*short.en has 6"),
+        "empty line": (gma + ["--source", str(empty_src), "--reference", str(empty_ref)],
+                       "empty.de: line 4 is empty"),
+        "unknown checkpoint": (["-m", str(tmp / "no_such_model")] + ok, "no checkpoint directory"),
+        "directory without config": (["-m", str(no_config)] + ok, "config.json is missing"),
+        "missing source file": (gma + ["--source", str(tmp / "nope.de"), "--reference", str(good_ref)],
+                                "source file not found"),
+        "unpaired source": (gma + ["--source", str(good_src)], "1 --source but 0 --reference"),
+        "no test set": (gma, "no test set"),
+        "bad k list": (["-m", str(trained["waitk"]), "--k", "1,x"] + ok,
+                       "--k '1,x': expected comma-separated integers"),
+        "k below 1": (["-m", str(trained["waitk"]), "--k", "0,2"] + ok, "k must be an integer >= 1"),
+        "negative delta": (gma + ["--delta", "-1"] + ok, "delta must be a finite number >= 0"),
+        "labels per checkpoint": (gma + ["--label", "a", "--label", "b"] + ok, "--label given 2 times"),
+        "unknown tokenizer": (gma + ["--sacrebleu-tokenizer", "nope"] + ok, "--sacrebleu-tokenizer 'nope'"),
+    }
+
+
+CASES = ["mismatched line counts", "empty line", "unknown checkpoint", "directory without config",
+         "missing source file", "unpaired source", "no test set", "bad k list", "k below 1",
+         "negative delta", "labels per checkpoint", "unknown tokenizer"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_evaluate_bad_input_gives_a_clear_error(case, trained, tmp_path, capsys):
+    import re
+
+    argv, message = bad_inputs(tmp_path, trained)[case]
+    code = main(["evaluate", *argv, "--output", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "simulserve evaluate: error:" in err and re.search(message, err), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+# ------------------------------------------------------------- plot-alignment
+
+@pytest.mark.parametrize("policy, setting", [("gma", ["--delta", "1"]), ("waitk", ["--k", "2"]),
+                                             ("offline", [])])
+def test_plot_alignment(policy, setting, trained, trained_decoders, tmp_path):
+    sentence = "haus baum wald stein licht wasser"
+    png, data_file = tmp_path / "a.png", tmp_path / "a.json"
+    code = main(["plot-alignment", "-m", str(trained[policy]), "--sentence", sentence, *setting,
+                 "--layer", "all", "--output", str(png), "--json", str(data_file)])
+    assert code == 0
+    assert_png(png)
+    data = json.loads(data_file.read_text())
+    kw = {"delta": 1.0} if policy == "gma" else {"k": 2} if policy == "waitk" else {}
+    sim = simulate(trained_decoders[policy], [sentence], **kw)[0]
+    assert data["translation"] == sim.prediction
+    assert data["token_delays"] == sim.token_delays[: len(data["target_pieces"])]
+    assert len(data["source_pieces"]) == sim.source_subwords + 1  # + EOS
+    for layer, matrix in enumerate(data["attention"]):
+        assert len(matrix) == len(data["target_pieces"])
+        for i, row in enumerate(matrix):
+            visible = [v for v in row if v is not None]
+            # the decoder attends only to what it had read when it wrote token i (the path)
+            assert len(visible) == data["token_delays"][i]
+            assert all(v is None for v in row[len(visible):])
+            assert math.fsum(visible) == pytest.approx(1.0, abs=1e-4)
+            if policy == "gma":  # p_i and its window lie inside what was read
+                assert data["n"][layer][i] <= data["token_delays"][i]
+                assert 0.9 - 1e-6 <= data["p"][layer][i] < data["token_delays"][i]
+            else:
+                assert data["p"][layer][i] is None
+
+
+def test_plot_alignment_bad_layer(trained, tmp_path, capsys):
+    code = main(["plot-alignment", "-m", str(trained["gma"]), "--sentence", "haus baum", "--layer", "7",
+                 "--output", str(tmp_path / "x.png")])
+    assert code == 2
+    assert "--layer 7: the model has 2 decoder layers" in capsys.readouterr().err
