@@ -20,6 +20,10 @@ from models.translate import simulate
 def naive_translate(model, tok, sentence: str, k: int | None = None, delta: float | None = None):
     """-> (target tokens incl. EOS, token delays) recomputing everything at every step."""
     cfg = model.cfg
+    if cfg.policy == "waitk" and k is None:
+        k = cfg.default_k
+    if cfg.policy == "gma" and delta is None:
+        delta = cfg.default_delta
     words = sentence.split()
     src, tgt, delays = [], [], []
     read, finished, enc = 0, False, None

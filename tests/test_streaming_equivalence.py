@@ -97,3 +97,14 @@ def test_trained_models_copy(trained_decoders):
         out = simulate(dec, [s for s, _ in pairs])
         correct = sum(r.prediction == t for r, (_, t) in zip(out, pairs))
         assert correct >= 24, (policy, correct)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_streaming_equals_naive_recomputation(policy, trained_decoders, word_tok):
+    """The benchmark's baseline (re-encode on every READ, decoder without cache) agrees exactly."""
+    from models.bench_engine import naive_translate
+    for dec in (trained_decoders[policy], random_decoder(word_tok, policy, seed=12)):
+        for r, sentence in zip(simulate(dec, SENTENCES[:5]), SENTENCES[:5]):
+            tokens, delays = naive_translate(dec.model, dec.tok, sentence)
+            assert delays == r.token_delays
+            assert dec.tok.decode(tokens[:-1]).split() == r.prediction.split()
