@@ -25,12 +25,12 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
     prev = torch.full((beam,), cfg.bos_id, device=dev)
     for t in range(max_len):
         tt = torch.full((beam,), t, device=dev)
-        logits, new_kv, _ = model.decode_step(prev, tt, [(k[:, :, : t + 1], v[:, :, : t + 1]) for k, v in caches],
+        hidden, new_kv, _ = model.decode_step(prev, tt, [(k[:, :, : t + 1], v[:, :, : t + 1]) for k, v in caches],
                                               cross, avail, finished)
         for (k, v), (nk, nv) in zip(caches, new_kv):
             k[:, :, t] = nk[:, :, 0]
             v[:, :, t] = nv[:, :, 0]
-        logp = torch.log_softmax(logits.float(), -1)
+        logp = torch.log_softmax(model.logits(hidden).float(), -1)
         if t == max_len - 1:  # out of room: only EOS may follow
             eos_only = torch.full_like(logp, float("-inf"))
             eos_only[:, cfg.eos_id] = logp[:, cfg.eos_id]

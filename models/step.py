@@ -86,9 +86,8 @@ class StreamingDecoder:
         for s in states:
             if s.slot is None:
                 raise StreamError("stream is closed")
-        self._encode_pending(states)
         out: list[StepOutput | None] = [None] * len(states)
-        batch = []
+        compute = []
         for i, s in enumerate(states):
             if s.done:
                 out[i] = StepOutput(DONE, finished=True)
@@ -100,7 +99,15 @@ class StreamingDecoder:
                 out[i] = self._read(s, self._quick_need(s))
             elif len(s.target_tokens) >= self._max_target_len(s):
                 out[i] = self._write(s, self.cfg.eos_id)
-            elif s.policy.kind == "offline" and s.policy.beam > 1:
+            else:
+                compute.append(i)
+        # encode only what a decoder step is about to use: words read while the
+        # policy waits are encoded together, as one chunk
+        self._encode_pending([states[i] for i in compute])
+        batch = []
+        for i in compute:
+            s = states[i]
+            if s.policy.kind == "offline" and s.policy.beam > 1:
                 s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
                 out[i] = self._write(s, s.queue.pop(0))
             else:
@@ -130,9 +137,14 @@ class StreamingDecoder:
 
     # ---- internals ------------------------------------------------------------
     def _must_read(self, s: StreamState) -> bool:
-        """READ decisions that need no model compute (GMA's needs the decoder)."""
+        """READ decisions that need no model compute. GMA's needs the decoder once; a
+        blocked trial records how much source it needs (`s.need`: the first blocking
+        layer's window, which more source cannot change), so until that much has
+        arrived the answer is READ again without recomputing it."""
         if s.source_finished:
             return False
+        if s.available < s.need:
+            return True
         if s.policy.kind == "offline":
             return True
         if s.policy.kind == "waitk":
@@ -142,6 +154,8 @@ class StreamingDecoder:
     def _quick_need(self, s: StreamState) -> float:
         if s.policy.kind == "waitk":
             return len(s.target_tokens) + s.policy.k
+        if s.policy.kind == "gma":
+            return s.need
         return float("inf")  # offline: the whole sentence
 
     def _read(self, s: StreamState, need: float) -> StepOutput:
@@ -209,19 +223,23 @@ class StreamingDecoder:
         elif cfg.attention == "gma":
             delta = torch.tensor([s.policy.delta for s in states], device=dev, dtype=torch.float32)
             running = torch.tensor([s.gma_running for s in states], device=dev, dtype=torch.float32)
-        logits, new_kv, info = self.model.decode_step(
+        hidden, new_kv, info = self.model.decode_step(
             prev, t, self.pool.gather_kv("dec", slots, int(t.max()) + 1),
             self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running)
         read = info["read"].tolist()
         need = info["need"].tolist()
-        tokens = logits.argmax(-1).tolist()
         keep = torch.tensor([not r for r in read], device=dev)
+        tokens = torch.zeros(len(states), dtype=torch.long, device=dev)
+        if keep.any():  # no output projection for trials that READ
+            tokens[keep] = self.model.logits(hidden[keep]).argmax(-1)
+        tokens = tokens.tolist()
         for layer, (kk, vv) in enumerate(new_kv):
             self.pool.write("dec_k", layer, slots[keep], t[keep], kk[keep, :, 0])
             self.pool.write("dec_v", layer, slots[keep], t[keep], vv[keep, :, 0])
         outs = []
         for r, s in enumerate(states):
             if read[r]:
+                s.need = need[r]
                 outs.append(self._read(s, need[r]))
                 continue
             if running is not None:

@@ -56,6 +56,7 @@ class StreamState:
     pending: list[int] = field(default_factory=list)         # pieces of the word being written
     words: list[TargetWord] = field(default_factory=list)    # released target words
     queue: list[int] = field(default_factory=list)           # tokens decided ahead (beam search)
+    need: int = 0                      # source positions the next decoder trial needs (GMA)
     blocked: bool = False              # the last step read; nothing new has arrived since
     done: bool = False
     record: list[dict] | None = None   # per written token: p, n, attention (for plots)

@@ -198,7 +198,8 @@ class Transformer(nn.Module):
         (k, v) (B,H,T',dk) with T' > max(t), cross_caches per layer (k, v) (B,H,S',dk),
         avail (B,) source positions received (EOS included once finished), finished (B,)
         bool, k (B,) wait-k lags, delta (B,) GMA offsets, running (B,L) GMA Σ Δp.
-        Returns logits (B,V), new self (k, v) per layer (B,H,1,dk) and info with
+        Returns the top hidden state (B,d) (`logits()` turns it into scores), new self
+        (k, v) per layer (B,H,1,dk) and info with
         `read` (B,) — the step needs more source than has arrived — with `need` (B,)
         source positions it needs at least, and, for GMA,
         `running` (B,L) and `p` (B,L).
@@ -229,6 +230,8 @@ class Transformer(nn.Module):
             read |= blocking
             n = torch.minimum(n, avail)
             prior = gma.gaussian_prior(p, ck.shape[2]) if p is not None else None
+            if bool(read.all()):  # every stream READs: the layers above would be wasted
+                return x[:, 0], new_kv, {"read": read, "need": need}
             x, w = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior)
             attn.append(w[:, :, 0])
             ns.append(n)
@@ -239,4 +242,4 @@ class Transformer(nn.Module):
         if ps:
             info["p"] = torch.stack(ps, 1)
             info["running"] = torch.stack(sums, 1)
-        return self.logits(x[:, 0]), new_kv, info
+        return x[:, 0], new_kv, info
