@@ -1,0 +1,263 @@
+"""`simulserve stream`: send a text file (or stdin) to a simulserve server and show live captions.
+
+    simulserve stream talk.txt                          # one sentence per line, 150 words per minute
+    simulserve stream talk.txt --wpm 0                  # as fast as the server translates
+    cat notes.txt | simulserve stream --auto-segment    # continuous text, sentences cut at . ! ?
+    simulserve stream talk.txt --url wss://host/v1/stream --api-key KEY
+
+Exit codes: 0 done, 2 server unreachable or not a simulserve server, 3 server
+full or still loading, 4 API key or origin rejected, 5 other server error.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import ssl
+import sys
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
+EXIT = {"server_full": 3, "not_ready": 3, "unauthorized": 4, "origin_not_allowed": 4}
+HINTS = {
+    "server_full": "the server is full; try again later",
+    "not_ready": "the server is still loading its models; try again shortly",
+    "unauthorized": "the server rejected the API key (pass --api-key or set SIMULSERVE_API_KEY)",
+    "origin_not_allowed": "the server does not accept this origin",
+}
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.exit_code = code
+
+
+@dataclass
+class Summary:
+    sentences: list[dict] = field(default_factory=list)
+    words: list[dict] = field(default_factory=list)
+    ready: dict | None = None
+    warnings: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+
+
+def normalize_url(url: str) -> str:
+    if "://" not in url:
+        url = "ws://" + url
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss"):
+        raise ClientError(f"unsupported URL scheme {parts.scheme!r} (use ws:// or wss://)", 2)
+    return urlunsplit((scheme, parts.netloc, parts.path if parts.path not in ("", "/") else "/v1/stream",
+                       parts.query, ""))
+
+
+def ssl_context(url: str, cafile: str | None, insecure: bool):
+    if not url.startswith("wss://"):
+        return None
+    ctx = ssl.create_default_context(cafile=cafile)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class Captions:
+    """Live display: the growing caption line on a terminal, then each sentence with its statistics."""
+
+    def __init__(self, out=sys.stdout, live: bool | None = None, as_json: bool = False, stats: bool = True):
+        self.out, self.as_json, self.stats = out, as_json, stats
+        self.live = (out.isatty() if live is None else live) and not as_json
+        self.current: list[str] = []
+
+    def word(self, msg: dict) -> None:
+        self.current.append(msg["text"])
+        if self.live:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            line = " ".join(self.current)
+            self.out.write("\r\033[K" + ("…" + line[-width + 1:] if len(line) > width else line))
+            self.out.flush()
+
+    def sentence(self, msg: dict) -> None:
+        self.current = []
+        if self.as_json:
+            self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+        else:
+            if self.live:
+                self.out.write("\r\033[K")
+            self.out.write(msg["translation"] + "\n")
+            if self.stats:
+                lat = msg["latency"] or {}
+                scores = "  ".join(f"{k} {v:.2f}" for k, v in lat.items()) or "no output"
+                unread = f"  ({msg['unread_words']} words after the model ended the sentence: not translated)" \
+                    if msg.get("unread_words") else ""
+                self.out.write(f"    [{msg['sentence']}] {msg['source_words']} source words  {scores}  "
+                               f"compute {msg['compute_ms']:.1f} ms{unread}\n")
+        self.out.flush()
+
+
+async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: float = 150.0,
+                       auto_segment: bool = False, api_key: str | None = None, ssl_ctx=None,
+                       captions: Captions | None = None, open_timeout: float = 10.0,
+                       warn=lambda text: print(text, file=sys.stderr)) -> Summary:
+    """Stream `lines` (one sentence per line, or continuous text with auto_segment) and collect results."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    summary = Summary()
+    try:
+        ws = await connect(url, additional_headers=headers, ssl=ssl_ctx, open_timeout=open_timeout,
+                           max_size=2 ** 22)
+    except InvalidURI as e:
+        raise ClientError(f"bad URL {url!r}: {e}", 2) from None
+    except InvalidStatus as e:
+        raise ClientError(f"{url} refused the websocket (HTTP {e.response.status_code}); is it a simulserve "
+                          "server?", 2) from None
+    except (OSError, TimeoutError, InvalidHandshake) as e:
+        raise ClientError(f"cannot reach the server at {url}: {e or type(e).__name__}", 2) from None
+
+    budget = asyncio.Condition()
+    state = {"sent": 0, "done": 0, "limit": 128}
+
+    async def wait_budget(n: int) -> None:
+        """As-fast-as-possible mode keeps the server's backlog under half its limit."""
+        async with budget:
+            try:
+                await asyncio.wait_for(budget.wait_for(lambda: state["sent"] - state["done"] + n <= state["limit"]
+                                                       or state["sent"] == state["done"]), 5.0)
+            except TimeoutError:
+                pass
+
+    async def send(msg: dict) -> None:
+        await ws.send(json.dumps(msg, ensure_ascii=False))
+
+    async def sender() -> None:
+        start = {"type": "start", "auto_segment": auto_segment}
+        start.update({key: v for key, v in (("model", model), ("k", k), ("delta", delta)) if v is not None})
+        await send(start)
+        await ready.wait()
+        gap = 60.0 / wpm if wpm > 0 else 0.0
+        it = iter(lines)
+        while (line := await asyncio.to_thread(next, it, None)) is not None:  # stdin may be a live pipe
+            words = line.split()
+            if not words:
+                if auto_segment:
+                    await send({"type": "end_sentence"})
+                continue
+            if gap:
+                for w in words:
+                    await send({"type": "words", "words": [w]})
+                    state["sent"] += 1
+                    await asyncio.sleep(gap)
+            else:
+                await wait_budget(len(words))
+                await send({"type": "words", "words": words})
+                state["sent"] += len(words)
+            if not auto_segment:
+                await send({"type": "end_sentence"})
+        await send({"type": "end_stream"})
+
+    async def receiver() -> None:
+        async for raw in ws:
+            msg = json.loads(raw)
+            kind = msg.get("type")
+            if kind == "ready":
+                summary.ready = msg
+                state["limit"] = max(1, msg["limits"]["max_backlog_words"] // 2)
+                ready.set()
+            elif kind == "word":
+                summary.words.append(msg)
+                if captions:
+                    captions.word(msg)
+            elif kind == "sentence":
+                summary.sentences.append(msg)
+                async with budget:
+                    state["done"] += msg["source_words"]
+                    budget.notify_all()
+                if captions:
+                    captions.sentence(msg)
+            elif kind == "warning":
+                summary.warnings.append(msg)
+                warn(f"simulserve stream: warning {msg['code']}: {msg['message']}")
+            elif kind == "error":
+                summary.errors.append(msg)
+                code = msg["code"]
+                if msg.get("fatal") or code in ("unknown_model", "bad_setting", "backlog_full",
+                                                "sentence_too_long"):
+                    raise ClientError(f"{HINTS.get(code, 'the server refused the stream')} "
+                                      f"[{code}: {msg['message']}]", EXIT.get(code, 5))
+                warn(f"simulserve stream: error {code}: {msg['message']}")
+            elif kind == "end":
+                return
+        raise ClientError(f"the server closed the connection (code {ws.close_code} {ws.close_reason or ''})"
+                          .rstrip(), 5)
+
+    ready = asyncio.Event()
+    tasks = [asyncio.create_task(receiver()), asyncio.create_task(sender())]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            if t.exception() is not None:
+                raise t.exception()
+        await tasks[0]
+    except ConnectionClosed as e:
+        raise ClientError(f"the connection was lost ({e})", 5) from None
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await ws.close()
+    return summary
+
+
+def register(sub) -> None:
+    p = sub.add_parser("stream", help="stream text to a simulserve server and show live captions",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("input", nargs="?", help="text file, one sentence per line (default: stdin)")
+    p.add_argument("--url", default=os.environ.get("SIMULSERVE_URL", DEFAULT_URL),
+                   help=f"server websocket URL, ws:// or wss:// (default {DEFAULT_URL}; $SIMULSERVE_URL)")
+    p.add_argument("--model", "-m", help="model name (GET /v1/models; default: the server's first)")
+    p.add_argument("--k", type=int, help="wait-k lag (wait-k models)")
+    p.add_argument("--delta", type=float, help="GMA relaxation offset δ (GMA models)")
+    p.add_argument("--wpm", type=float, default=150.0, help="words per minute (default 150; 0 = as fast as "
+                                                            "the server translates)")
+    p.add_argument("--auto-segment", action="store_true", help="continuous text: the server cuts sentences "
+                                                               "at . ! ? (a blank line also ends one)")
+    p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"), help="($SIMULSERVE_API_KEY)")
+    p.add_argument("--cafile", help="CA bundle to verify a wss:// server")
+    p.add_argument("--insecure", action="store_true", help="do not verify the wss:// certificate")
+    p.add_argument("--json", action="store_true", help="print each sentence result as a JSON line")
+    p.add_argument("--no-stats", action="store_true", help="print translations only")
+    p.add_argument("--no-live", action="store_true", help="no live caption line, even on a terminal")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        url = normalize_url(args.url)
+        src = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    except (ClientError, OSError) as e:
+        print(f"simulserve stream: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", 2)
+    captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats)
+    try:
+        with src:
+            summary = asyncio.run(stream_lines(
+                url, (line for line in src), model=args.model, k=args.k, delta=args.delta, wpm=args.wpm,
+                auto_segment=args.auto_segment, api_key=args.api_key,
+                ssl_ctx=ssl_context(url, args.cafile, args.insecure), captions=captions))
+    except ClientError as e:
+        if captions.live and captions.current:
+            print(file=sys.stdout)
+        print(f"simulserve stream: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    lat = [s["latency"] for s in summary.sentences if s["latency"]]
+    if lat and not args.json and not args.no_stats:
+        means = "  ".join(f"{k} {sum(x[k] for x in lat) / len(lat):.2f}" for k in lat[0])
+        print(f"{len(summary.sentences)} sentences, {len(summary.words)} words; mean {means}", file=sys.stderr)
+    return 0

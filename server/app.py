@@ -1,0 +1,383 @@
+"""The FastAPI application: HTTP endpoints and the `/v1/stream` websocket.
+
+A websocket handler only parses, validates and enqueues (server/engine.py does
+the translating). Limits are enforced here: origin, API key, concurrent streams,
+message size and rate, idle time, words per sentence, source backlog.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, WebSocket
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from server.engine import ModelEngine
+from server.metrics import Metrics
+from server.protocol import (ERRORS, EndSentence, EndStream, ProtocolError, Start, Text, Words, error,
+                             parse_client_message, schemas, segment, split_text, split_words)
+from server.settings import ServerSettings, load_settings, resolve_models
+
+log = logging.getLogger("simulserve.server")
+WEB_DIR = Path(__file__).resolve().parents[1] / "clients" / "web"
+MAX_WORD_CHARS = 200
+_CLOSE = object()
+PLACEHOLDER = """<!doctype html><meta charset="utf-8"><title>simulserve</title>
+<h1>simulserve</h1><p>Simultaneous translation server. Stream over the websocket <code>/v1/stream</code>;
+see <a href="/docs">/docs</a>, <a href="/v1/models">/v1/models</a>, <a href="/v1/protocol">/v1/protocol</a>.</p>"""
+
+
+class ServerState:
+    """Everything one app owns: settings, metrics, engines (loaded in the background)."""
+
+    def __init__(self, settings: ServerSettings, checkpoints: dict[str, Path]):
+        self.settings, self.checkpoints = settings, checkpoints
+        self.metrics = Metrics()
+        self.engines: dict[str, ModelEngine] = {}
+        self.ready = False
+        self.load_error: str | None = None
+        self.active = 0
+
+    async def load(self) -> None:
+        from models.checkpoint import load_checkpoint, pick_device
+        from models.step import StreamingDecoder
+        s = self.settings
+        try:
+            if s.torch_threads:
+                import torch
+                torch.set_num_threads(s.torch_threads)
+            device = pick_device(s.device)
+            for name, path in self.checkpoints.items():
+                model, tok, _ = await asyncio.to_thread(load_checkpoint, path, device)
+                eng = ModelEngine(name, StreamingDecoder(model, tok), metrics=self.metrics,
+                                  max_batch=1 if name in s.no_batching else s.max_batch,
+                                  batch_window_ms=s.batch_window_ms, max_k=s.max_k, max_delta=s.max_delta,
+                                  max_output_messages=s.max_output_messages)
+                if s.warmup:
+                    await asyncio.to_thread(eng.warmup)
+                await eng.start()
+                self.engines[name] = eng
+                log.info("model %s loaded from %s (%s, %s)", name, path, eng.cfg.policy, device)
+        except Exception as e:  # noqa: BLE001 - reported by /health, the server stays up
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.exception("loading the models failed")
+            return
+        self.metrics.models_loaded.set(len(self.engines))
+        self.ready = True
+        if s.memory_trim_s > 0:
+            await self._trim_memory_forever(s.memory_trim_s)
+
+    async def _trim_memory_forever(self, every: float) -> None:
+        """Streams come and go; glibc keeps the freed heap (RSS creeps up by fragmentation, not leaks).
+        malloc_trim hands it back, so resident memory tracks what live streams use."""
+        import ctypes
+        try:
+            trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            return  # not glibc
+        while True:
+            await asyncio.sleep(every)
+            await asyncio.to_thread(trim, 0)
+
+    async def close(self) -> None:
+        for eng in self.engines.values():
+            await eng.stop()
+
+    def key_ok(self, ws: WebSocket) -> bool:
+        auth = ws.headers.get("authorization", "")
+        given = auth[7:].strip() if auth.lower().startswith("bearer ") else ws.query_params.get("token", "")
+        return any(hmac.compare_digest(given.encode(), k.encode()) for k in self.settings.api_keys)
+
+
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or load_settings()
+    srv = ServerState(settings, resolve_models(settings))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        loading = asyncio.create_task(srv.load())
+        yield
+        loading.cancel()
+        await asyncio.gather(loading, return_exceptions=True)
+        await srv.close()
+
+    app = FastAPI(title="simulserve", version="0.1.0", lifespan=lifespan,
+                  description="Simultaneous machine translation over a websocket (`/v1/stream`; message "
+                              "schemas and error codes at `/v1/protocol`).")
+    app.state.server = srv
+    app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["GET"],
+                       allow_headers=["*"])
+
+    @app.get("/health", summary="200 once every model is loaded, else 503")
+    async def health():
+        if srv.ready:
+            return {"status": "ok", "models": list(srv.engines), "active_streams": srv.active}
+        status = "failed" if srv.load_error else "loading"
+        return JSONResponse({"status": status, "error": srv.load_error}, status_code=503)
+
+    @app.get("/v1/models", summary="served models, their policy, languages and allowed latency settings")
+    async def models():
+        if not srv.ready:
+            return JSONResponse({"status": "loading", "error": srv.load_error}, status_code=503)
+        return {"default": next(iter(srv.engines)), "models": [e.info() for e in srv.engines.values()]}
+
+    @app.get("/v1/protocol", summary="JSON schemas of the websocket messages, and the error codes")
+    async def protocol():
+        return schemas()
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics():
+        return Response(srv.metrics.render(), media_type=srv.metrics.content_type)
+
+    @app.websocket("/v1/stream")
+    async def stream(ws: WebSocket):
+        await serve_stream(ws, srv)
+
+    web = Path(settings.web_dir) if settings.web_dir else WEB_DIR
+    if (web / "index.html").is_file():
+        app.mount("/", StaticFiles(directory=web, html=True), name="web")
+    else:
+        @app.get("/", include_in_schema=False)
+        async def index():
+            return HTMLResponse(PLACEHOLDER)
+    return app
+
+
+async def serve_stream(ws: WebSocket, srv: ServerState) -> None:
+    s = srv.settings
+    code = None
+    if not s.origin_allowed(ws.headers.get("origin")):
+        code = "origin_not_allowed"
+    elif s.api_keys and not srv.key_ok(ws):
+        code = "unauthorized"
+    elif not srv.ready:
+        code = "not_ready"
+    elif srv.active >= s.max_streams:
+        code = "server_full"
+    await ws.accept()
+    if code is not None:
+        srv.metrics.errors.labels(code).inc()
+        message = f"the server is full ({s.max_streams} streams); try again later" if code == "server_full" \
+            else None
+        try:
+            await ws.send_text(json.dumps(error(code, message)))
+            await ws.close(ERRORS[code][1])
+        except Exception:  # noqa: BLE001 - the client left already
+            pass
+        return
+    srv.active += 1
+    srv.metrics.active_streams.inc()
+    session = Session(ws, srv)
+    try:
+        await session.run()
+    finally:
+        session.detach()
+        srv.active -= 1
+        srv.metrics.active_streams.dec()
+
+
+class Session:
+    """One websocket: a receiver (parse, validate, enqueue) and a sender (the only writer)."""
+
+    def __init__(self, ws: WebSocket, srv: ServerState):
+        self.ws, self.srv, self.s = ws, srv, srv.settings
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.engine: ModelEngine | None = None
+        self.h = None
+        self.auto = False
+        self.partial = ""                 # a word cut at the end of a text chunk
+        self.open_words = self.open_subwords = 0
+        self.ended = False
+        self.seq = 0
+        self.tokens, self.t_tokens = float(self.s.rate_burst), time.monotonic()
+        self.warned = False
+        self.killed: str | None = None
+        self.tasks: list[asyncio.Task] = []
+
+    async def run(self) -> None:
+        sender = asyncio.create_task(self._send_loop())
+        receiver = asyncio.create_task(self._receive_loop())
+        self.tasks = [sender, receiver]
+        done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+        if receiver in done and not receiver.cancelled() and receiver.exception() is None \
+                and receiver.result() == "fatal":
+            await asyncio.wait([sender], timeout=5)   # let it send the error and close
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.killed:
+            try:
+                await self.ws.close(ERRORS[self.killed][1])
+            except Exception:  # noqa: BLE001
+                pass
+
+    def detach(self) -> None:
+        if self.h is not None:
+            self.engine.detach(self.h)
+
+    def kill(self, code: str) -> None:
+        """The engine's emergency exit (a client that does not read): drop the connection."""
+        self.killed = code
+        self.srv.metrics.errors.labels(code).inc()
+        for t in self.tasks:
+            t.cancel()
+
+    # ---- sending -------------------------------------------------------------------
+    async def _send_loop(self) -> None:
+        while True:
+            msg = await self.out.get()
+            kind = msg["type"]
+            if kind == "word":
+                msg["seq"] = self.seq
+                self.seq += 1
+            elif kind == "error":
+                self.srv.metrics.errors.labels(msg["code"]).inc()
+            elif kind == "warning":
+                self.srv.metrics.warnings.labels(msg["code"]).inc()
+            await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
+            if kind == "end":
+                await self.ws.close(1000)
+                return
+            if kind == "error" and msg["fatal"]:
+                await self.ws.close(ERRORS[msg["code"]][1])
+                return
+
+    # ---- receiving -----------------------------------------------------------------
+    async def _receive_loop(self) -> str:
+        s = self.s
+        while True:
+            try:
+                frame = await asyncio.wait_for(self.ws.receive(), s.idle_timeout_s)
+            except TimeoutError:
+                self.out.put_nowait(error("idle_timeout", f"no message for {s.idle_timeout_s:g} s"))
+                return "fatal"
+            if frame["type"] == "websocket.disconnect":
+                return "disconnect"
+            if not self._rate_ok():
+                self.out.put_nowait(error("rate_limited", f"over {s.rate_limit:g} messages per second "
+                                                          f"(burst {s.rate_burst})"))
+                return "fatal"
+            text = frame.get("text")
+            if text is None:
+                self.out.put_nowait(error("binary_frame"))
+                continue
+            if len(text) > s.max_message_bytes or len(text.encode("utf-8", "replace")) > s.max_message_bytes:
+                self.out.put_nowait(error("message_too_large", f"messages are limited to {s.max_message_bytes} "
+                                                               "bytes"))
+                continue
+            try:
+                self._handle(parse_client_message(text))
+            except ProtocolError as e:
+                self.out.put_nowait(e.to_message())
+            except Exception:  # noqa: BLE001 - never let one message take the server down
+                log.exception("unexpected error while handling a message")
+                self.out.put_nowait(error("internal_error"))
+                return "fatal"
+
+    def _rate_ok(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.s.rate_burst, self.tokens + (now - self.t_tokens) * self.s.rate_limit)
+        self.t_tokens = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, Start):
+            return self._start(msg)
+        if self.h is None:
+            raise ProtocolError("not_started", "send a `start` message first", msg.id)
+        if self.ended:
+            raise ProtocolError("stream_ended", "the stream has ended (end_stream was received)", msg.id)
+        if isinstance(msg, Words):   # complete words; a pending partial word is complete too
+            self._accept(([self.partial] if self.partial else []) + split_words(msg.words), msg.id, "")
+        elif isinstance(msg, Text):
+            words, partial = split_text(self.partial, msg.text)
+            if len(partial) > MAX_WORD_CHARS:
+                raise ProtocolError("bad_message", f"a word longer than {MAX_WORD_CHARS} characters", msg.id)
+            self._accept(words, msg.id, partial)
+        elif isinstance(msg, EndSentence):
+            self._accept([self.partial] if self.partial else [], msg.id, "", end=True)
+        elif isinstance(msg, EndStream):
+            self._accept([self.partial] if self.partial else [], msg.id, "", end=True)
+            self.ended = True
+            self.engine.end_stream(self.h)
+
+    def _start(self, msg: Start) -> None:
+        from models.policy import PolicyError
+        if self.h is not None:
+            raise ProtocolError("already_started", "this stream has started already", msg.id)
+        name = msg.model or next(iter(self.srv.engines))
+        engine = self.srv.engines.get(name)
+        if engine is None:
+            raise ProtocolError("unknown_model", f"no model {name!r}; served: {', '.join(self.srv.engines)}",
+                                msg.id)
+        try:
+            policy = engine.policy_for(msg.k, msg.delta)
+        except PolicyError as e:
+            raise ProtocolError("bad_setting", str(e), msg.id) from None
+        self.engine, self.auto = engine, msg.auto_segment
+        self.h = engine.attach(policy, self.out, self.kill)
+        s, c = self.s, engine.cfg
+        self.out.put_nowait({
+            "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
+            "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
+            "auto_segment": self.auto,
+            "limits": {"max_words_per_sentence": s.max_words_per_sentence, "max_backlog_words": s.max_backlog_words,
+                       "max_message_bytes": s.max_message_bytes, "rate_limit": s.rate_limit,
+                       "idle_timeout_s": s.idle_timeout_s}})
+
+    def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
+        """Validate all of a message's words first (a refused message changes nothing), then enqueue."""
+        s, eng = self.s, self.engine
+        plan = segment(words, self.auto)
+        if end:
+            if plan and not plan[-1][1]:
+                plan[-1] = (plan[-1][0], True)
+            else:
+                plan.append(([], True))
+        n = len(words)
+        backlog = self.h.backlog
+        if n and backlog + n > s.max_backlog_words:
+            raise ProtocolError("backlog_full", f"{backlog} source words are waiting to be read; {n} more would "
+                                f"exceed max_backlog_words={s.max_backlog_words}: message rejected, resend later",
+                                msg_id, rejected_words=n)
+        limit = eng.cfg.max_positions - 1   # the source EOS takes one position
+        counts, ow, osw = [], self.open_words, self.open_subwords
+        for ws, ends in plan:
+            sw = eng.count_subwords(ws)
+            if ow + len(ws) > s.max_words_per_sentence or osw + sw > limit:
+                raise ProtocolError("sentence_too_long", f"the sentence would have {ow + len(ws)} words "
+                                    f"({osw + sw} subwords); the limits are {s.max_words_per_sentence} words and "
+                                    f"{limit} subwords: message rejected, end the sentence earlier",
+                                    msg_id, rejected_words=n)
+            counts.append(sw)
+            ow, osw = (0, 0) if ends else (ow + len(ws), osw + sw)
+        self.partial = partial
+        t = time.monotonic()
+        for (ws, ends), sw in zip(plan, counts):
+            if ws:
+                eng.push(self.h, ws, t)
+            self.open_words += len(ws)
+            self.open_subwords += sw
+            if ends:
+                if self.open_words:
+                    eng.end_sentence(self.h, t)
+                self.open_words = self.open_subwords = 0
+        backlog = self.h.backlog
+        if backlog > s.max_backlog_words // 2 and not self.warned:
+            self.warned = True
+            self.out.put_nowait({"type": "warning", "code": "slow_down", "backlog": backlog,
+                                 "message": f"{backlog} source words wait to be read (limit "
+                                            f"{s.max_backlog_words}); send more slowly"})
+        elif backlog <= s.max_backlog_words // 4:
+            self.warned = False

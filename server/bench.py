@@ -1,0 +1,366 @@
+"""`simulserve bench server`: simulated speakers against a running server (figures, never asserted).
+
+    simulserve bench server --checkpoint gma_delta1          # starts its own server (both engines)
+    simulserve bench server --url ws://host:8000/v1/stream --model gma --unbatched-model gma_unbatched
+
+Phases, one run, one table:
+1. real-time ramp: N speakers at --wpm (one word per 60/wpm s, sentences back to
+   back); the added delay of a target word = its arrival at the client minus the
+   moment the last source input it needed was sent (compute + queueing +
+   transport). A level is real time when p99 ≤ --max-p99-ms.
+2. throughput at --throughput-streams streams sending as fast as they are served
+   (a whole sentence, then wait for its translation), batched model vs the same
+   checkpoint with batching disabled.
+3. memory soak: speakers for --soak-seconds, reconnecting every 3 sentences;
+   server resident memory (Prometheus process metrics) at its start and end.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+DEFAULT_TEXT = "data/de-en/test.de"
+FALLBACK = ["Das ist ein kleiner Test des Servers .", "Wir übersetzen jeden Satz Wort für Wort , sobald er "
+            "gesprochen wird .", "Die Stadt liegt am Fluss , und im Sommer ist es dort sehr warm ."]
+
+
+def add_server_bench_args(p) -> None:
+    p.add_argument("--url", help="websocket URL of a running server (default: start one from --checkpoint)")
+    p.add_argument("--checkpoint", default="gma_delta1",
+                   help="checkpoint dir or shipped name for the server this command starts (default gma_delta1)")
+    p.add_argument("--model", help="model name on the --url server (default: its first)")
+    p.add_argument("--unbatched-model", help="on the --url server: the same checkpoint served with "
+                                             "--no-batching (for the batching comparison)")
+    p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
+    p.add_argument("--server-threads", type=int, help="torch threads of the started server")
+    p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
+    p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
+    p.add_argument("--max-words", type=int, default=30, help="skip longer source sentences")
+    p.add_argument("--wpm", type=float, default=150.0, help="speaking rate of each simulated speaker")
+    p.add_argument("--levels", default="25,50,100,150,200,300,400", help="concurrent speakers per ramp level")
+    p.add_argument("--level-seconds", type=float, default=30.0)
+    p.add_argument("--max-p99-ms", type=float, default=100.0, help="real-time criterion")
+    p.add_argument("--throughput-streams", type=int, default=64)
+    p.add_argument("--throughput-seconds", type=float, default=20.0)
+    p.add_argument("--soak-seconds", type=float, default=600.0)
+    p.add_argument("--soak-streams", type=int, help="default: the largest real-time level (at most 200)")
+    p.add_argument("--skip", default="", help="comma list of phases to skip: ramp, throughput, soak")
+    p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--seed", type=int, default=0)
+
+
+# ---------------------------------------------------------------- server and metrics
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "models.cli", "serve", f"bench={args.checkpoint}",
+           f"bench_unbatched={args.checkpoint}", "--no-batching", "bench_unbatched", "--host", "127.0.0.1",
+           "--port", str(port), "--max-streams", "100000", "--idle-timeout", "3600", "--log-level", "warning"]
+    if args.server_threads:
+        cmd += ["--torch-threads", str(args.server_threads)]
+    if args.batch_window_ms is not None:
+        cmd += ["--batch-window-ms", str(args.batch_window_ms)]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(cmd, cwd=root, env=env)
+    args.model, args.unbatched_model = "bench", "bench_unbatched"
+    return proc, f"ws://127.0.0.1:{port}/v1/stream"
+
+
+def http_base(url: str) -> str:
+    return re.sub(r"^ws", "http", url).rsplit("/v1/", 1)[0]
+
+
+def scrape(base: str) -> dict[str, float]:
+    import httpx
+    out = {}
+    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def wait_healthy(base: str, proc=None, timeout: float = 300) -> None:
+    import httpx
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the server exited with code {proc.returncode}")
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{base} did not become healthy in {timeout:.0f} s")
+
+
+def delta(before: dict, after: dict, name: str, model: str) -> tuple[float, float]:
+    key = f'{name}_%s{{model="{model}"}}'
+    return (after.get(key % "sum", 0) - before.get(key % "sum", 0),
+            after.get(key % "count", 0) - before.get(key % "count", 0))
+
+
+# ---------------------------------------------------------------- load generators
+class Record:
+    def __init__(self):
+        self.added: list[tuple[float, float]] = []   # (time the needed input was sent, added delay s)
+        self.lag_ms: list[float] = []
+        self.words_in = self.words_out = self.sentences = 0
+        self.errors: Counter = Counter()
+
+
+async def _open(url, model, headers, rec):
+    from websockets.asyncio.client import connect
+    ws = await connect(url, additional_headers=headers, max_size=2 ** 22, open_timeout=60, ping_timeout=None)
+    await ws.send(json.dumps({"type": "start", "model": model}))
+    ready = json.loads(await ws.recv())
+    if ready["type"] != "ready":
+        rec.errors[ready.get("code", "?")] += 1
+        await ws.close()
+        return None
+    return ws
+
+
+async def speaker(url, model, headers, sentences, gap, t0, t_stop, rec: Record, rng, churn=0) -> None:
+    """Speak one word every `gap` s from t0 until t_stop (finishing the sentence); reconnect every `churn`."""
+    n = 0
+    while time.monotonic() < t_stop:
+        ws = await _open(url, model, headers, rec)
+        if ws is None:
+            return
+        sent, ends = {}, {}
+
+        async def reader(ws=ws, sent=sent, ends=ends):
+            async for raw in ws:
+                m, now = json.loads(raw), time.monotonic()
+                kind = m["type"]
+                if kind == "word":
+                    s = m["sentence"]
+                    need = ends.get(s) if m["source_complete"] else sent.get((s, max(m["delay"], 1) - 1))
+                    if need is not None:
+                        rec.added.append((need, now - need))
+                    rec.lag_ms.append(m["lag_ms"])
+                    rec.words_out += 1
+                elif kind == "sentence":
+                    rec.sentences += 1
+                elif kind == "error":
+                    rec.errors[m["code"]] += 1
+                elif kind == "end":
+                    return
+
+        task = asyncio.create_task(reader())
+        k = 0
+        while time.monotonic() < t_stop and (not churn or k < churn):
+            words = rng.choice(sentences)
+            for i, w in enumerate(words):
+                await asyncio.sleep(max(0.0, t0 + n * gap - time.monotonic()))
+                sent[(k, i)] = time.monotonic()
+                await ws.send(json.dumps({"type": "words", "words": [w]}))
+                n += 1
+                rec.words_in += 1
+            ends[k] = sent[(k, len(words) - 1)]
+            await ws.send('{"type": "end_sentence"}')
+            k += 1
+        await ws.send('{"type": "end_stream"}')
+        try:
+            await asyncio.wait_for(task, 120)
+        except TimeoutError:
+            rec.errors["timeout"] += 1
+        await ws.close()
+
+
+async def flooder(url, model, headers, sentences, t_stop, rec: Record, rng) -> None:
+    """As fast as served: a whole sentence, wait for its translation, the next."""
+    ws = await _open(url, model, headers, rec)
+    if ws is None:
+        return
+    while time.monotonic() < t_stop:
+        words = rng.choice(sentences)
+        await ws.send(json.dumps({"type": "words", "words": words}))
+        await ws.send('{"type": "end_sentence"}')
+        while True:
+            m = json.loads(await ws.recv())
+            if m["type"] == "word":
+                rec.words_out += 1
+            elif m["type"] == "sentence":
+                rec.sentences += 1
+                rec.words_in += m["source_words"]
+                break
+            elif m["type"] == "error":
+                rec.errors[m["code"]] += 1
+                if m["fatal"]:
+                    return
+    await ws.close()
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q / 100 * len(values)))]
+
+
+# ---------------------------------------------------------------- phases
+async def ramp_level(args, n, sentences, headers, base) -> dict:
+    gap, rng = 60.0 / args.wpm, random.Random(args.seed + n)
+    rec, before, cpu0 = Record(), scrape(base), _cpu()
+    t0 = time.monotonic() + 1.0
+    t_stop, warm = t0 + args.level_seconds, t0 + min(5.0, args.level_seconds / 4)
+    await asyncio.gather(*(speaker(args.url, args.model, headers, sentences, gap, t0 + rng.uniform(0, gap),
+                                   t_stop, rec, random.Random(rng.random())) for _ in range(n)))
+    after, wall = scrape(base), time.monotonic() - t0
+    added = [a * 1000 for t, a in rec.added if warm <= t <= t_stop]
+    bs, bc = delta(before, after, "simulserve_batch_size", args.model)
+    ss, sc = delta(before, after, "simulserve_step_seconds", args.model)
+    return {"streams": n, "words_in_per_s": rec.words_in / wall, "words_out_per_s": rec.words_out / wall,
+            "p50_ms": pct(added, 50), "p99_ms": pct(added, 99), "server_lag_p99_ms": pct(rec.lag_ms, 99),
+            "mean_batch": bs / bc if bc else 0, "mean_step_ms": 1000 * ss / sc if sc else 0,
+            "client_cpu": (_cpu() - cpu0) / wall, "errors": dict(rec.errors),
+            "real_time": pct(added, 99) <= args.max_p99_ms and not rec.errors}
+
+
+async def throughput(args, model, sentences, headers, base) -> dict:
+    rng = random.Random(args.seed)
+    rec, before = Record(), scrape(base)
+    t0 = time.monotonic()
+    await asyncio.gather(*(flooder(args.url, model, headers, sentences, t0 + args.throughput_seconds, rec,
+                                   random.Random(rng.random())) for _ in range(args.throughput_streams)))
+    wall, after = time.monotonic() - t0, scrape(base)
+    bs, bc = delta(before, after, "simulserve_batch_size", model)
+    return {"model": model, "target_words_per_s": rec.words_out / wall, "source_words_per_s": rec.words_in / wall,
+            "sentences_per_s": rec.sentences / wall, "mean_batch": bs / bc if bc else 0, "errors": dict(rec.errors)}
+
+
+async def soak(args, n, sentences, headers, base) -> dict:
+    gap, rng = 60.0 / args.wpm, random.Random(args.seed + 1)
+    rec = Record()
+    t0 = time.monotonic() + 1.0
+    t_stop = t0 + args.soak_seconds
+    speakers = asyncio.gather(*(speaker(args.url, args.model, headers, sentences, gap, t0 + rng.uniform(0, gap),
+                                        t_stop, rec, random.Random(rng.random()), churn=3) for _ in range(n)))
+    warm = min(30.0, args.soak_seconds / 10)
+    await asyncio.sleep(1.0 + warm)
+    rss = lambda: scrape(base).get("process_resident_memory_bytes", 0) / 2**20  # noqa: E731
+    start = rss()
+    samples = [(round(warm), round(start, 1))]
+    step = (args.soak_seconds - warm) / 5
+    for i in range(1, 5):
+        await asyncio.sleep(max(0.0, t0 + warm + i * step - time.monotonic()))
+        samples.append((round(time.monotonic() - t0), round(rss(), 1)))
+    await asyncio.sleep(max(0.0, t_stop - 1.0 - time.monotonic()))
+    end = rss()
+    samples.append((round(time.monotonic() - t0), round(end, 1)))
+    await speakers
+    after = rss()
+    return {"streams": n, "seconds": args.soak_seconds, "sentences": rec.sentences, "rss_start_mb": start,
+            "rss_end_mb": end, "rss_after_close_mb": after, "growth_pct": 100 * (end - start) / start if start else 0,
+            "samples_mb": samples, "errors": dict(rec.errors)}
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def load_sentences(args) -> list[list[str]]:
+    path = args.input or DEFAULT_TEXT
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        if args.input:
+            raise SystemExit(f"{path} not found") from None
+        lines = FALLBACK
+    out = [ln.split() for ln in lines if 0 < len(ln.split()) <= args.max_words]
+    return out or [s.split() for s in FALLBACK]
+
+
+# ---------------------------------------------------------------- the command
+def run_server_bench(args) -> int:
+    proc = None
+    if not args.url:
+        proc, args.url = start_server(args)
+    try:
+        base = http_base(args.url)
+        wait_healthy(base, proc)
+        return asyncio.run(_main(args, base))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+
+
+async def _main(args, base) -> int:
+    import httpx
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    info = httpx.get(base + "/v1/models").json()
+    args.model = args.model or info["default"]
+    model = next(m for m in info["models"] if m["name"] == args.model)
+    sentences = load_sentences(args)
+    skip = set(filter(None, args.skip.split(",")))
+    out = {"model": model, "wpm": args.wpm, "max_p99_ms": args.max_p99_ms, "cpus": os.cpu_count()}
+    print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}), speakers at "
+          f"{args.wpm:g} wpm, {len(sentences)} source sentences ≤ {args.max_words} words, {os.cpu_count()} CPUs")
+    best = 0
+    if "ramp" not in skip:
+        print(f"\nreal-time ramp ({args.level_seconds:g} s per level; real time = p99 added delay ≤ "
+              f"{args.max_p99_ms:g} ms)")
+        print("| streams | words in/s | words out/s | added p50 ms | added p99 ms | server lag p99 ms | mean batch "
+              "| mean step ms | client CPU | real time |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+        out["ramp"] = []
+        for n in (int(x) for x in args.levels.split(",")):
+            r = await ramp_level(args, n, sentences, headers, base)
+            out["ramp"].append(r)
+            print(f"| {n} | {r['words_in_per_s']:.0f} | {r['words_out_per_s']:.0f} | {r['p50_ms']:.1f} | "
+                  f"{r['p99_ms']:.1f} | {r['server_lag_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+                  f"{r['mean_step_ms']:.1f} | {100 * r['client_cpu']:.0f}% | {'yes' if r['real_time'] else 'no'}"
+                  + (f" {r['errors']}" if r["errors"] else "") + " |", flush=True)
+            if not r["real_time"]:
+                break
+            best = n
+        out["max_real_time_streams"] = best
+        print(f"\nmost concurrent real-time streams: {best}")
+    if "throughput" not in skip:
+        if not args.unbatched_model:
+            print("\n(throughput comparison skipped: pass --unbatched-model for a --url server)")
+        else:
+            print(f"\nthroughput at {args.throughput_streams} streams, as fast as served "
+                  f"({args.throughput_seconds:g} s each)")
+            print("| engine | target words/s | source words/s | sentences/s | mean batch |")
+            print("|---|---:|---:|---:|---:|")
+            rows = [await throughput(args, m, sentences, headers, base) for m in (args.model, args.unbatched_model)]
+            for label, r in zip(("batched", "unbatched"), rows):
+                print(f"| {label} ({r['model']}) | {r['target_words_per_s']:.0f} | {r['source_words_per_s']:.0f} | "
+                      f"{r['sentences_per_s']:.1f} | {r['mean_batch']:.1f} |", flush=True)
+            ratio = rows[0]["target_words_per_s"] / max(rows[1]["target_words_per_s"], 1e-9)
+            out["throughput"] = {"rows": rows, "ratio": ratio}
+            print(f"\nbatching / no batching throughput: {ratio:.1f}x")
+    if "soak" not in skip:
+        n = args.soak_streams or min(best or 50, 200)
+        print(f"\nmemory soak: {n} speakers, {args.soak_seconds:g} s, reconnecting every 3 sentences", flush=True)
+        r = await soak(args, n, sentences, headers, base)
+        out["soak"] = r
+        print(f"server RSS {r['rss_start_mb']:.1f} MB after warm-up -> {r['rss_end_mb']:.1f} MB at the end "
+              f"({r['growth_pct']:+.1f}%), {r['rss_after_close_mb']:.1f} MB once all streams closed; "
+              f"{r['sentences']} sentences; samples (s, MB): {r['samples_mb']}"
+              + (f"; errors {r['errors']}" if r["errors"] else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
+    return 0

@@ -1,0 +1,102 @@
+"""`simulserve serve`: load checkpoints once, serve /v1/stream, /health, /v1/models, /metrics.
+
+    simulserve serve                                   # every shipped model
+    simulserve serve gma=runs/gma/checkpoint waitk=runs/waitk/checkpoint --port 8000
+    simulserve serve --config server.yaml              # flags > SIMULSERVE_* env > YAML > defaults
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+# flag -> (settings field, argparse keywords)
+FLAGS = {
+    "--host": ("host", {}),
+    "--port": ("port", {"type": int}),
+    "--device": ("device", {"help": "auto (default), cpu, cuda, cuda:N"}),
+    "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
+    "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
+                                                                     "more streams to batch (default 2)"}),
+    "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
+    "--max-streams": ("max_streams", {"type": int, "help": "concurrent streams (default 512)"}),
+    "--max-message-bytes": ("max_message_bytes", {"type": int}),
+    "--max-words-per-sentence": ("max_words_per_sentence", {"type": int}),
+    "--max-backlog-words": ("max_backlog_words", {"type": int}),
+    "--idle-timeout": ("idle_timeout_s", {"type": float, "help": "seconds without a client message"}),
+    "--rate-limit": ("rate_limit", {"type": float, "help": "messages per second per connection"}),
+    "--rate-burst": ("rate_burst", {"type": int}),
+    "--max-k": ("max_k", {"type": int}),
+    "--max-delta": ("max_delta", {"type": float}),
+    "--ssl-certfile": ("ssl_certfile", {"help": "serve wss:// with this certificate (and --ssl-keyfile)"}),
+    "--ssl-keyfile": ("ssl_keyfile", {}),
+    "--web-dir": ("web_dir", {}),
+    "--log-level": ("log_level", {}),
+}
+LIST_FLAGS = {
+    "--api-key": ("api_keys", "require this key (repeat for several); clients send `Authorization: Bearer "
+                              "KEY` or ?token=KEY"),
+    "--allowed-origin": ("allowed_origins", "browser origin allowed to connect (repeat; default any)"),
+    "--no-batching": ("no_batching", "step this model one stream at a time (repeat; for benchmarks)"),
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run the websocket streaming server",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="*", metavar="NAME=PATH",
+                   help="checkpoints to serve (a directory or a shipped model name; NAME= may be left out)")
+    p.add_argument("--config", help="YAML settings file (also $SIMULSERVE_CONFIG)")
+    for flag, (_, kw) in FLAGS.items():
+        p.add_argument(flag, default=None, **kw)
+    for flag, (_, help_) in LIST_FLAGS.items():
+        p.add_argument(flag, action="append", default=None, help=help_)
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up sentence per model")
+    p.set_defaults(func=run)
+
+
+def parse_model_args(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:  # a bare path or shipped name: named after its directory
+            name, path = Path(item.rstrip("/")).name, item
+        if not name or not path:
+            raise ValueError(f"{item!r}: expected NAME=PATH")
+        out[name] = path
+    return out
+
+
+def settings_from_args(args):
+    from server.settings import load_settings
+    overrides = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _) in FLAGS.items()}
+    overrides.update({field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _) in LIST_FLAGS.items()})
+    if args.models:
+        overrides["models"] = parse_model_args(args.models)
+    if args.no_warmup:
+        overrides["warmup"] = False
+    return load_settings(args.config, **overrides)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from server.app import create_app
+    from server.settings import SettingsError
+    try:
+        settings = settings_from_args(args)
+        app = create_app(settings)
+    except (SettingsError, ValueError) as e:
+        print(f"simulserve serve: {e}", file=sys.stderr)
+        return 2
+    if settings.torch_threads is None:  # leave a core to the event loop (websockets, JSON)
+        settings.torch_threads = max(1, (os.cpu_count() or 2) - 1)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    scheme = "wss" if settings.ssl_certfile else "ws"
+    print(f"simulserve: serving {', '.join(app.state.server.checkpoints)} on "
+          f"{scheme}://{settings.host}:{settings.port}/v1/stream", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                ws_max_size=4 * settings.max_message_bytes + 1024, ssl_certfile=settings.ssl_certfile,
+                ssl_keyfile=settings.ssl_keyfile, access_log=False)
+    return 0

@@ -1,0 +1,45 @@
+"""Prometheus metrics of one server (GET /metrics).
+
+Each app owns its registry, so several servers can live in one process (tests);
+the registry includes the standard process metrics (resident memory, CPU time),
+which the server benchmark reads for its soak test.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, GCCollector, PlatformCollector, ProcessCollector
+
+_MS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.active_streams = Gauge("simulserve_active_streams", "open websocket streams", registry=r)
+        self.model_streams = Gauge("simulserve_model_streams", "started streams per model", ["model"], registry=r)
+        self.cache_slots = Gauge("simulserve_cache_slots_in_use", "stream cache slots in use", ["model"],
+                                 registry=r)
+        self.models_loaded = Gauge("simulserve_models_loaded", "models loaded and serving", registry=r)
+        self.words_in = Counter("simulserve_source_words", "source words received", ["model"], registry=r)
+        self.words_out = Counter("simulserve_target_words", "target words emitted", ["model"], registry=r)
+        self.sentences = Counter("simulserve_sentences", "sentences translated", ["model"], registry=r)
+        self.batch_size = Histogram("simulserve_batch_size", "streams per batched step", ["model"],
+                                    buckets=_BATCH, registry=r)
+        self.step_seconds = Histogram("simulserve_step_seconds", "compute time of one batched step (worker "
+                                      "thread)", ["model"], buckets=_MS, registry=r)
+        self.batch_wait_seconds = Histogram("simulserve_batch_wait_seconds", "time spent in the batching "
+                                            "window before a step", ["model"], buckets=_MS, registry=r)
+        self.word_lag_seconds = Histogram("simulserve_word_lag_seconds", "from the arrival of the input a target "
+                                          "word needed to its emission (queueing + compute)", ["model"],
+                                          buckets=_MS, registry=r)
+        self.errors = Counter("simulserve_errors", "errors sent to clients, by code", ["code"], registry=r)
+        self.warnings = Counter("simulserve_warnings", "warnings sent to clients, by code", ["code"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

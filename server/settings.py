@@ -1,0 +1,138 @@
+"""Server settings: command-line flags > SIMULSERVE_* environment variables > YAML file > defaults.
+
+    simulserve serve gma=models/checkpoints/gma_delta1 --port 8000
+    SIMULSERVE_MODELS="gma=/ckpt/gma,waitk=/ckpt/waitk" SIMULSERVE_API_KEYS=secret simulserve serve
+    simulserve serve --config server.yaml      (or SIMULSERVE_CONFIG=server.yaml)
+
+List and mapping settings accept JSON or the short forms `a,b` and `name=path,name=path`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, YamlConfigSettingsSource
+
+
+class SettingsError(ValueError):
+    pass
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SIMULSERVE_", extra="forbid", validate_default=True)
+
+    host: str = Field("127.0.0.1", description="address to bind (0.0.0.0 to serve the network)")
+    port: int = Field(8000, ge=0, le=65535)
+    models: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, description="name -> checkpoint directory (or shipped model name); "
+                                          "empty: every shipped model")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:1...")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (`serve` default: CPUs - 1)")
+    # engine
+    batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
+                                                                   "more streams to batch with")
+    max_batch: int = Field(256, ge=1, description="most streams in one batched step")
+    no_batching: Annotated[list[str], NoDecode] = Field(default_factory=list,
+                                                        description="models stepped one stream at a time")
+    warmup: bool = Field(True, description="run one tiny sentence through each model before serving")
+    memory_trim_s: float = Field(60.0, ge=0, description="return freed heap memory to the OS this often "
+                                                         "(glibc malloc_trim; 0 = never)")
+    # limits
+    max_streams: int = Field(512, ge=1, description="concurrent websocket streams (then `server_full`)")
+    max_message_bytes: int = Field(16384, ge=64)
+    max_words_per_sentence: int = Field(200, ge=1)
+    max_backlog_words: int = Field(512, ge=1, description="source words received but not yet read, per stream")
+    max_output_messages: int = Field(20000, ge=10, description="unsent server messages before `slow_consumer`")
+    idle_timeout_s: float = Field(300.0, gt=0)
+    rate_limit: float = Field(100.0, gt=0, description="messages per second per connection (token bucket)")
+    rate_burst: int = Field(200, ge=1)
+    max_k: int = Field(32, ge=1, description="largest wait-k lag a client may ask for")
+    max_delta: float = Field(16.0, ge=0, description="largest GMA δ a client may ask for")
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list,
+                                                     description="if set, streams need one of these keys")
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["*"], description="browser origins allowed to connect (* = any)")
+    # transport
+    ssl_certfile: str | None = Field(None, description="serve wss:// and https:// with this certificate")
+    ssl_keyfile: str | None = None
+    web_dir: str | None = Field(None, description="static caption page served at / (default clients/web)")
+    log_level: str = "info"
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _parse_models(cls, v: Any):
+        if isinstance(v, str):
+            v = v.strip()
+            if v.startswith("{"):
+                return json.loads(v)
+            out = {}
+            for item in filter(None, (x.strip() for x in v.split(","))):
+                name, sep, path = item.partition("=")
+                if not sep or not name or not path:
+                    raise ValueError(f"model {item!r}: expected NAME=PATH")
+                out[name] = path
+            return out
+        return v
+
+    @field_validator("no_batching", "api_keys", "allowed_origins", mode="before")
+    @classmethod
+    def _parse_list(cls, v: Any):
+        if isinstance(v, str):
+            v = v.strip()
+            if v.startswith("["):
+                return json.loads(v)
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        """Non-browser clients send no Origin header and are always allowed."""
+        return origin is None or "*" in self.allowed_origins or origin in self.allowed_origins
+
+
+def load_settings(config_file: str | os.PathLike | None = None, **overrides) -> ServerSettings:
+    """Settings from (highest first) `overrides` (the CLI), SIMULSERVE_* env, the YAML file, defaults.
+    The YAML file is `config_file` or $SIMULSERVE_CONFIG."""
+    config_file = config_file or os.environ.get("SIMULSERVE_CONFIG")
+    if config_file and not Path(config_file).is_file():
+        raise SettingsError(f"settings file not found: {config_file}")
+
+    class _Settings(ServerSettings):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                       file_secret_settings):
+            sources = [init_settings, env_settings]
+            if config_file:
+                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            return tuple(sources)
+
+    try:
+        s = _Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as e:  # pydantic ValidationError is a ValueError
+        raise SettingsError(f"invalid settings: {e}") from None
+    return s
+
+
+def resolve_models(settings: ServerSettings) -> dict[str, Path]:
+    """name -> checkpoint directory, checked (config.json readable) before anything loads."""
+    from models.checkpoint import CheckpointError, read_config
+    from models.shipped import resolve_checkpoint, shipped_checkpoints
+    wanted = dict(settings.models) or {n: str(p) for n, p in shipped_checkpoints().items()}
+    if not wanted:
+        raise SettingsError("no model to serve: no checkpoint is shipped in models/checkpoints yet; name one "
+                            "or more as NAME=PATH (e.g. `simulserve serve gma=runs/gma_delta1/checkpoint`), "
+                            "with SIMULSERVE_MODELS or in the settings file")
+    out = {}
+    for name, where in wanted.items():
+        try:
+            path = resolve_checkpoint(where)
+            read_config(path)
+        except CheckpointError as e:
+            raise SettingsError(f"model {name!r}: {e}") from None
+        out[name] = path
+    unknown = sorted(set(settings.no_batching) - set(out))
+    if unknown:
+        raise SettingsError(f"no_batching names unknown models: {unknown}")
+    return out

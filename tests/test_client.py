@@ -1,0 +1,136 @@
+"""`simulserve stream` (and `simulserve serve`) as a user runs them: real processes, real server."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from models.synthetic import make_pairs
+from server.settings import SettingsError, load_settings, resolve_models
+from test_server import LiveServer, make_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "client-test-key"
+
+
+def cli(*args, stdin: str | None = None, timeout: float = 60, **env_vars) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SIMULSERVE_API_KEY", None)
+    env.update(env_vars)
+    return subprocess.run([sys.executable, "-m", "models.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.fixture(scope="module")
+def reference(trained):
+    return make_reference(trained)
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    with LiveServer(models={p: str(path) for p, path in trained.items()}, api_keys=[KEY], max_streams=2) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def sentences(tmp_path_factory):
+    lines = [s for s, _ in make_pairs(5, min_len=2, max_len=8, seed=51)]
+    path = tmp_path_factory.mktemp("client") / "talk.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return lines, path
+
+
+def test_captions_equal_translate(server, sentences, reference):
+    lines, path = sentences
+    r = cli("stream", str(path), "--url", server.url, "--model", "waitk", "--k", "2", "--wpm", "0",
+            "--api-key", KEY)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    refs = [reference("waitk", {"k": 2}, s) for s in lines]
+    assert out[0::2] == [ref.prediction for ref in refs]            # translation, then its statistics
+    for stats, ref in zip(out[1::2], refs):
+        assert f"{ref.source_words} source words" in stats and "AL " in stats and "compute" in stats
+    assert "5 sentences" in r.stderr
+
+
+def test_paced_stdin_json_and_auto_segment(server, sentences, reference):
+    lines, _ = sentences
+    text = " ".join(s + "." for s in lines[:3])     # continuous text, cut by the server
+    r = cli("stream", "--url", server.url.replace("ws://", "http://"), "--model", "gma", "--delta", "2",
+            "--wpm", "3000", "--auto-segment", "--json", stdin=text + "\n", timeout=120, SIMULSERVE_API_KEY=KEY)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [m["translation"] for m in got] == \
+        [reference("gma", {"delta": 2.0}, s + ".").prediction for s in lines[:3]]
+    assert all(set(m["latency"]) == {"AL", "LAAL", "AP", "DAL", "CW"} for m in got if m["latency"])
+
+
+def test_clear_messages_when_unreachable_rejected_or_full(server, sentences):
+    _, path = sentences
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"ws://127.0.0.1:{s.getsockname()[1]}/v1/stream"
+    r = cli("stream", str(path), "--url", dead, "--api-key", KEY)
+    assert r.returncode == 2 and "cannot reach the server" in r.stderr
+    r = cli("stream", str(path), "--url", server.url, "--api-key", "wrong")
+    assert r.returncode == 4 and "API key" in r.stderr
+    r = cli("stream", str(path), "--url", server.url)
+    assert r.returncode == 4 and "API key" in r.stderr
+    r = cli("stream", str(path), "--url", server.url, "--api-key", KEY, "--model", "nope")
+    assert r.returncode == 5 and "unknown_model" in r.stderr
+    r = cli("stream", str(path), "--url", server.http + "/nothing-here", "--api-key", KEY)
+    assert r.returncode == 2 and re.search(r"HTTP (403|404|500)", r.stderr), r.stderr
+    # fill the server (max_streams=2) with two slow clients, then a third is told it is full
+    slow = [subprocess.Popen([sys.executable, "-m", "models.cli", "stream", str(path), "--url", server.url,
+                              "--api-key", KEY, "--wpm", "60"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while server.metric("simulserve_active_streams") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        r = cli("stream", str(path), "--url", server.url, "--api-key", KEY)
+        assert r.returncode == 3 and "full" in r.stderr
+    finally:
+        for p in slow:
+            p.terminate()
+            p.wait()
+
+
+def test_serve_command_and_missing_models(trained, sentences, monkeypatch, tmp_path):
+    monkeypatch.setattr("models.shipped.shipped_checkpoints", lambda: {})
+    with pytest.raises(SettingsError, match="no model to serve"):
+        resolve_models(load_settings())
+    r = cli("serve", f"w={tmp_path}/missing", "--port", "1")
+    assert r.returncode == 2 and "model 'w'" in r.stderr
+    lines, path = sentences
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_MAX_BATCH": "8"}
+    proc = subprocess.Popen([sys.executable, "-m", "models.cli", "serve", f"w={trained['waitk']}", "--port",
+                             str(port), "--host", "127.0.0.1", "--log-level", "warning"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        info = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["models"][0]
+        assert info["name"] == "w" and info["batching"]["max_batch"] == 8   # env var setting
+        r = cli("stream", str(path), "--url", f"127.0.0.1:{port}", "--wpm", "0", "--no-stats")
+        assert r.returncode == 0 and len(r.stdout.splitlines()) == len(lines), r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)

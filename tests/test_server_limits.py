@@ -1,0 +1,151 @@
+"""Limits and safety of the server: API key, origins, server full, idle timeout, floods, backlog, sizes.
+
+Each refusal carries its documented code (and close code for fatal ones), and a
+good stream running alongside keeps its exact output.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from models.synthetic import make_pairs
+from server.protocol import ERRORS
+from test_server import LiveServer, assert_matches, codes, make_reference, sentence_messages, talk
+
+KEY = "s3cret-key"
+START = {"type": "start", "model": "waitk", "k": 2}
+TAIL = [{"type": "words", "words": ["haus", "baum"]}, {"type": "end_stream"}]
+
+
+@pytest.fixture(scope="module")
+def reference(trained):
+    return make_reference(trained)
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    with LiveServer(models={"waitk": str(trained["waitk"])}, api_keys=[KEY], max_streams=8,
+                    allowed_origins=["http://good.example"], idle_timeout_s=2.0, rate_limit=20, rate_burst=20,
+                    max_message_bytes=512, max_backlog_words=8, max_words_per_sentence=6) as srv:
+        srv.auth = {"additional_headers": {"Authorization": f"Bearer {KEY}"}}
+        yield srv
+
+
+def fatal(received, close_code, expected):
+    assert codes(received) == [expected], received
+    assert received[-1]["fatal"] is True
+    assert close_code == ERRORS[expected][1]
+
+
+def test_api_key_paths(server):
+    async def main():
+        return await asyncio.gather(
+            talk(server.url, [START] + TAIL),                                             # no key
+            talk(server.url, [START] + TAIL, additional_headers={"Authorization": "Bearer wrong"}),
+            talk(server.url + "?token=wrong", [START] + TAIL),
+            talk(server.url, [START] + TAIL, **server.auth),                              # Bearer header
+            talk(server.url + f"?token={KEY}", [START] + TAIL))                           # ?token=
+
+    r = asyncio.run(main())
+    for received, close_code in r[:3]:
+        fatal(received, close_code, "unauthorized")
+    for received, close_code in r[3:]:
+        assert close_code == 1000 and not codes(received) and received[-1]["type"] == "end"
+
+
+def test_allowed_origins(server):
+    async def main():
+        return await asyncio.gather(
+            talk(server.url, [START] + TAIL, origin="http://evil.example", **server.auth),
+            talk(server.url, [START] + TAIL, origin="http://good.example", **server.auth))
+
+    (bad, bad_code), (good, good_code) = asyncio.run(main())
+    fatal(bad, bad_code, "origin_not_allowed")
+    assert good_code == 1000 and good[-1]["type"] == "end"
+
+
+def test_server_full_then_a_slot_frees(server):
+    async def main():
+        held = []
+        for _ in range(8):
+            ws = await connect(server.url, **server.auth)
+            await ws.send(json.dumps(START))
+            json.loads(await ws.recv())
+            held.append(ws)
+        full = await talk(server.url, [START] + TAIL, **server.auth)
+        await held.pop().close()
+        server.wait_metric("simulserve_active_streams", 7)
+        again = await talk(server.url, [START] + TAIL, **server.auth)
+        for ws in held:
+            await ws.close()
+        return full, again
+
+    (full, full_code), (again, again_code) = asyncio.run(main())
+    fatal(full, full_code, "server_full")
+    assert again_code == 1000 and again[-1]["type"] == "end"
+
+
+def test_idle_timeout(server):
+    received, close_code = asyncio.run(talk(server.url, [START], **server.auth))  # then silence
+    assert received[0]["type"] == "ready"
+    fatal(received, close_code, "idle_timeout")
+
+
+def test_flood_backlog_and_sizes_while_a_good_stream_carries_on(server, reference):
+    sentences = [s for s, _ in make_pairs(4, min_len=2, max_len=6, seed=41)]
+    good = [START] + sentence_messages(sentences) + [{"type": "end_stream"}]
+
+    async def oversized_frame():
+        """A frame over 4x max_message_bytes is refused by the websocket layer itself (1009)."""
+        async with connect(server.url, **server.auth) as ws:
+            await ws.send(json.dumps(START))
+            await ws.recv()
+            await ws.send(json.dumps({"type": "text", "text": "x" * 5000}))
+            try:
+                while True:
+                    await ws.recv()
+            except ConnectionClosed:
+                return ws.close_code
+
+    async def main():
+        return await asyncio.gather(
+            talk(server.url, good, pace=lambda: 0.06, **server.auth),
+            talk(server.url, [START] + [{"type": "end_sentence"}] * 100, **server.auth),      # flood
+            talk(server.url, [START, {"type": "words", "words": ["haus"] * 9}] + TAIL, **server.auth),   # > backlog
+            talk(server.url, [START, {"type": "words", "words": ["haus"] * 5}, {"type": "end_sentence"},
+                              {"type": "end_stream"}], **server.auth),                                    # slow_down
+            talk(server.url, [START, {"type": "words", "words": ["haus"] * 7}] + TAIL, **server.auth),   # > 6 words
+            talk(server.url, [START, json.dumps({"type": "text", "text": "y" * 600})] + TAIL, **server.auth),
+            oversized_frame())
+
+    (good_r, good_code), flood, backlog, slow, too_long, large, frame_code = asyncio.run(main())
+    assert good_code == 1000 and not codes(good_r)
+    assert_matches(good_r, [reference("waitk", {"k": 2}, s) for s in sentences])
+    fatal(flood[0], flood[1], "rate_limited")
+    assert codes(backlog[0]) == ["backlog_full"] and backlog[0][1]["rejected_words"] == 9 and backlog[1] == 1000
+    warnings = [m for m in slow[0] if m["type"] == "warning"]
+    assert [w["code"] for w in warnings] == ["slow_down"] and warnings[0]["backlog"] == 5
+    assert [m["translation"] for m in slow[0] if m["type"] == "sentence"] != []    # nothing was dropped
+    assert codes(too_long[0]) == ["sentence_too_long"] and too_long[1] == 1000
+    assert codes(large[0]) == ["message_too_large"] and large[1] == 1000
+    assert frame_code == 1009
+    for r in (backlog, too_long, large):  # the rejected message changed nothing; the stream went on
+        assert [m["translation"] for m in r[0] if m["type"] == "sentence"] == \
+            [reference("waitk", {"k": 2}, "haus baum").prediction]
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx`")
+def test_not_ready_while_the_models_load(trained):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import load_settings
+    client = TestClient(create_app(load_settings(models={"w": str(trained["waitk"])})))  # no lifespan: not loaded
+    assert client.get("/health").status_code == 503 and client.get("/health").json()["status"] == "loading"
+    with client.websocket_connect("/v1/stream") as ws:
+        msg = ws.receive_json()
+        assert msg["code"] == "not_ready" and msg["fatal"]
