@@ -1,0 +1,668 @@
+// simulserve live captions: German in, English captions out, word by word, over /v1/stream.
+// Plain browser JavaScript, no build step. One websocket per pane (policy); every pane gets
+// the same source words at the same moment, so two policies can be compared side by side.
+"use strict";
+(() => {
+  // The server's automatic segmentation (server/protocol.py `ends_sentence`), mirrored so the
+  // page knows where each sentence ends without waiting for the server.
+  const SENTENCE_END = /[.!?…。！？]["'»«”’)\]]*$/;
+  const endsSentence = (w) => SENTENCE_END.test(w);
+
+  const params = new URLSearchParams(location.search);
+  const SERVER = (params.get("server") || location.origin).replace(/\/+$/, "");
+  const WS_URL = SERVER.replace(/^http/, "ws") + "/v1/stream";
+  const POLICY = { gma: "GMA", waitk: "wait-k", offline: "offline" };
+  const KNOB = { gma: ["delta", "δ"], waitk: ["k", "k"] };
+
+  // error code (server/protocol.py ERRORS) -> what the user should know
+  const ERROR_TEXT = {
+    server_full: "The server is full: all its streams are in use.",
+    not_ready: "The server is still loading its models.",
+    unauthorized: "The server needs an API key, or this key is wrong. Enter the key above, then press Reconnect.",
+    origin_not_allowed: "The server does not accept connections from this page's address (allowed_origins).",
+    idle_timeout: "Closed after a long pause without input. Typing (or Reconnect) opens a new stream.",
+    rate_limited: "Too many messages per second: the server closed the stream.",
+    slow_consumer: "This page did not keep up with the server's messages: the server closed the stream.",
+    internal_error: "The server hit an internal error on this stream.",
+  };
+  const CLOSE_TEXT = { 1000: "closed", 1001: "going away", 1006: "connection lost", 1011: "server error",
+    1012: "server restarting", 1013: "try again later" };
+  const PLAIN = new Set(["server_full", "not_ready", "unauthorized", "origin_not_allowed"]);   // no detail needed
+  const AUTO_RETRY = new Set(["server_full", "not_ready", "internal_error", "disconnect"]);
+  const NEEDS_USER = new Set(["unauthorized", "origin_not_allowed", "bad_setting", "unknown_model"]);
+
+  const $ = (sel, root = document) => root.querySelector(sel);
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  const fmt = (x) => (x === null || x === undefined || Number.isNaN(x) ? "—" : Number(x).toFixed(2));
+
+  const state = { models: [], byName: {}, key: sessionStorage.getItem("simulserve.key") || "", panes: [] };
+
+  // ------------------------------------------------------------------ banner (page-wide)
+  const banner = $("#banner");
+  function showBanner(text, kind = "error") {
+    banner.textContent = text;
+    banner.className = `banner ${kind}`;
+  }
+  const hideBanner = () => { banner.className = "banner hidden"; };
+
+  // ------------------------------------------------------------------ one policy = one pane
+  class Pane {
+    constructor(id) {
+      this.id = id;
+      this.root = $("#pane-template").content.firstElementChild.cloneNode(true);
+      this.root.id = `pane-${id}`;
+      this.root.dataset.pane = id;
+      $(".pane-tag", this.root).textContent = id.toUpperCase();
+      for (const [name, sel] of Object.entries({
+        select: ".model", knobBox: ".knob", knobName: ".knob-name", knob: ".knob-value", status: ".status",
+        reconnectBtn: ".reconnect", alert: ".alert", liveSrc: ".live-src", caption: ".caption",
+        summary: ".summary", list: ".sentences",
+      })) this[name] = $(sel, this.root);
+      this.enabled = true;
+      this.ws = null;
+      this.ready = false;
+      this.queue = [];          // {words, end} sent once the stream is ready
+      this.sentences = [];      // every sentence this pane has seen, over all its connections
+      this.open = null;         // the local sentence that is still receiving source words
+      this.base = 0;            // index in `sentences` of the current stream's sentence 0
+      this.msgId = 0;
+      this.lastError = null;
+      this.retryDelay = 1000;
+      this.retryTimer = null;
+      this.retryLeft = 0;
+      this.failText = null;
+      this.unsent = 0;
+      this.streamLabel = null;
+      this.select.addEventListener("change", () => { this.configureKnob(); this.reconnect(); });
+      this.knob.addEventListener("change", () => { this.clampKnob(); this.reconnect(); });
+      this.reconnectBtn.addEventListener("click", () => this.reconnect());
+    }
+
+    get model() { return state.byName[this.select.value]; }
+
+    setModels(models, preferred) {
+      const current = this.select.value;
+      this.select.replaceChildren(...models.map((m) => {
+        const o = el("option", "", `${m.name} (${POLICY[m.policy] || m.policy})`);
+        o.value = m.name;
+        return o;
+      }));
+      const pick = [current, preferred].find((n) => n && state.byName[n]) || models[0]?.name;
+      if (pick) this.select.value = pick;
+      this.configureKnob();
+    }
+
+    configureKnob() {
+      const m = this.model;
+      const knob = m && KNOB[m.policy];
+      this.knobBox.hidden = !knob;
+      if (!knob) return;
+      const spec = (m.settings || {})[knob[0]] || {};
+      this.knobName.textContent = knob[1];
+      this.knob.step = m.policy === "waitk" ? "1" : "0.5";
+      this.knob.min = spec.min ?? 0;
+      if (spec.max !== undefined) this.knob.max = spec.max; else this.knob.removeAttribute("max");
+      this.knob.value = spec.default ?? (m.policy === "waitk" ? 3 : 1);
+    }
+
+    clampKnob() {
+      const m = this.model;
+      if (!m || !KNOB[m.policy]) return;
+      let v = Number(this.knob.value);
+      if (!Number.isFinite(v)) v = Number(this.knob.min) || 0;
+      if (m.policy === "waitk") v = Math.round(v);
+      if (this.knob.min !== "") v = Math.max(v, Number(this.knob.min));
+      if (this.knob.max !== "") v = Math.min(v, Number(this.knob.max));
+      this.knob.value = v;
+    }
+
+    label() {
+      const m = this.model;
+      if (!m) return "";
+      const knob = KNOB[m.policy];
+      const name = POLICY[m.policy] || m.policy;
+      return knob ? `${name} ${knob[1]}=${this.knob.value}` : `${name} (whole sentence)`;
+    }
+
+    setStatus(st, text) {
+      this.status.dataset.state = st;
+      this.status.textContent = text;
+      this.root.dataset.state = st;
+    }
+
+    showAlert(text, kind = "error", hideAfterMs = 0) {
+      clearTimeout(this.alertTimer);
+      this.alert.textContent = text;
+      this.alert.className = `alert ${kind}`;
+      this.alert.dataset.kind = kind;
+      if (hideAfterMs) this.alertTimer = setTimeout(() => this.hideAlert(), hideAfterMs);
+    }
+
+    hideAlert() { this.alert.className = "alert hidden"; this.alert.textContent = ""; }
+
+    // ---------------------------------------------------------------- connection
+    connect() {
+      clearInterval(this.retryTimer);
+      this.retryTimer = null;
+      this.drop();
+      const m = this.model;
+      if (!this.enabled || !m) return;
+      const url = new URL(WS_URL);
+      if (state.key) url.searchParams.set("token", state.key);
+      const start = { type: "start", model: m.name, auto_segment: true };
+      if (m.policy === "waitk") start.k = Math.round(Number(this.knob.value));
+      if (m.policy === "gma") start.delta = Number(this.knob.value);
+      const label = this.label();
+      this.setStatus("connecting", "connecting…");
+      this.retryLeft = 0;
+      let ws;
+      try {
+        ws = new WebSocket(url);
+      } catch (e) {
+        this.failed("disconnect", `Cannot open a websocket to ${WS_URL}: ${e.message}`);
+        return;
+      }
+      this.ws = ws;
+      this.ready = false;
+      this.fatal = null;
+      if (this.failText) this.renderFailure();
+      ws.onopen = () => ws.send(JSON.stringify(start));
+      ws.onmessage = (ev) => { if (ws === this.ws) this.onMessage(JSON.parse(ev.data), label); };
+      ws.onclose = (ev) => { if (ws === this.ws) this.onClose(ev); };
+    }
+
+    drop() {   // forget the current socket without treating its closing as an error
+      if (!this.ws) return;
+      const ws = this.ws;
+      this.ws = null;
+      this.ready = false;
+      ws.onmessage = ws.onclose = ws.onopen = null;
+      try { ws.close(1000); } catch (e) { /* already closed */ }
+      this.interrupt();
+    }
+
+    reconnect() {      // the user asked for it: start over at once
+      this.retryDelay = 1000;
+      this.lastError = null;
+      this.failText = null;
+      this.unsent = 0;
+      this.hideAlert();
+      if (!state.models.length) { loadModels(); return; }
+      this.connect();
+    }
+
+    disable() {
+      this.enabled = false;
+      clearInterval(this.retryTimer);
+      this.retryTimer = null;
+      this.drop();
+      this.setStatus("idle", "off");
+    }
+
+    enable() { this.enabled = true; this.reconnect(); }
+
+    onMessage(msg, label) {
+      switch (msg.type) {
+        case "ready":
+          this.ready = true;
+          this.retryDelay = 1000;
+          this.lastError = null;
+          this.failText = null;
+          this.unsent = 0;
+          delete this.root.dataset.error;
+          this.base = this.sentences.length;
+          if (this.streamLabel !== null && this.streamLabel !== label && this.sentences.length) {
+            this.list.prepend(el("li", "divider", `now: ${msg.model} · ${label}`));
+          }
+          this.streamLabel = label;
+          this.setStatus("ready", `live · ${label}`);
+          if (this.alert.dataset.kind === "error") this.hideAlert();
+          for (const item of this.queue.splice(0)) this.transmit(item);
+          break;
+        case "word": this.onWord(msg); break;
+        case "sentence": this.onSentence(msg); break;
+        case "warning": this.showAlert(msg.message, "warn", 5000); break;
+        case "error": this.onError(msg); break;
+        default: break;   // "end": the server closes the socket next
+      }
+    }
+
+    onError(msg) {
+      if (msg.fatal) {          // the server closes the socket next; onClose shows it
+        this.fatal = msg;
+        return;
+      }
+      if (msg.rejected_words) this.unsend(msg.id);
+      if (!this.ready) {        // `start` was refused (bad_setting, unknown_model): fix it, then reconnect
+        const ws = this.ws;
+        this.ws = null;
+        ws.onmessage = ws.onclose = null;
+        try { ws.close(1000); } catch (e) { /* gone */ }
+        this.unsent += this.queue.splice(0).reduce((n, it) => n + it.words.length, 0);
+        this.failed(msg.code, msg.message);
+        return;
+      }
+      this.showAlert(`${msg.message} [${msg.code}]`, "warn", 8000);
+    }
+
+    onClose(ev) {
+      this.ws = null;
+      this.ready = false;
+      this.interrupt();
+      this.unsent += this.queue.splice(0).reduce((n, it) => n + it.words.length, 0);
+      if (this.fatal) {
+        const { code, message } = this.fatal;
+        this.failed(code, ERROR_TEXT[code] || message, PLAIN.has(code) ? null : message);
+      } else {
+        const why = [CLOSE_TEXT[ev.code], ev.reason].filter(Boolean).join(": ");
+        this.failed("disconnect", `Disconnected from the server (close code ${ev.code}${why ? `, ${why}` : ""}).`);
+      }
+    }
+
+    failed(code, text, detail) {
+      this.lastError = code;
+      this.setStatus(code === "disconnect" ? "disconnected" : "error",
+        code === "disconnect" ? "disconnected" : code.replace(/_/g, " "));
+      this.root.dataset.error = code;
+      this.failText = detail && detail !== text ? `${text} (${detail})` : text;
+      this.retryLeft = 0;
+      if (AUTO_RETRY.has(code)) {
+        this.retryLeft = Math.round(this.retryDelay / 1000);
+        this.retryDelay = Math.min(this.retryDelay * 2, 16000);
+        this.retryTimer = setInterval(() => {
+          this.retryLeft -= 1;
+          if (this.retryLeft > 0) this.renderFailure(); else this.connect();
+        }, 1000);
+      }
+      this.renderFailure();
+    }
+
+    renderFailure() {   // the failure, the retry countdown, and what could not be sent meanwhile
+      let text = this.failText;
+      if (this.retryLeft > 0) text += ` Reconnecting in ${this.retryLeft} s…`;
+      else if (this.ws && AUTO_RETRY.has(this.lastError)) text += " Reconnecting…";
+      if (this.unsent) text += ` Not sent: ${this.unsent} word(s).`;
+      this.showAlert(text, "error");
+    }
+
+    // ---------------------------------------------------------------- sending
+    send(words, end) {
+      if (!this.enabled || (!words.length && !end)) return;
+      if (this.ready) { this.transmit({ words, end }); return; }
+      if (!this.ws && !this.retryTimer && !NEEDS_USER.has(this.lastError)) this.connect();
+      if (this.ws) { this.queue.push({ words, end }); return; }
+      if (words.length) {   // no stream: say so rather than lose the words silently
+        this.unsent += words.length;
+        if (this.failText) this.renderFailure(); else this.showAlert(`Not connected. Not sent: ${this.unsent} word(s).`);
+      }
+    }
+
+    transmit({ words, end }) {
+      const ws = this.ws;
+      if (words.length) {
+        const id = ++this.msgId;
+        ws.send(JSON.stringify({ type: "words", words, id }));
+        for (const w of words) this.addSource(w, id);
+      }
+      if (end && this.open && this.open.source.length) {
+        ws.send(JSON.stringify({ type: "end_sentence" }));
+        this.closeOpen();
+      }
+    }
+
+    addSource(text, id) {
+      if (!this.open) this.open = this.newSentence();
+      this.open.source.push({ text, id });
+      const s = this.open;
+      if (endsSentence(text)) this.closeOpen();
+      this.render(s);
+    }
+
+    closeOpen() {
+      const s = this.open;
+      this.open = null;
+      if (s) { s.ended = true; this.render(s); }
+    }
+
+    unsend(id) {   // a message was rejected whole: its words never reached the model
+      for (let i = this.sentences.length - 1; i >= this.base; i--) {
+        const s = this.sentences[i];
+        const before = s.source.length;
+        s.source = s.source.filter((w) => w.id !== id);
+        if (s.source.length === before || s.done) continue;
+        if (!s.source.length) {
+          s.li.remove();
+          this.sentences.splice(i, 1);
+          if (this.open === s) this.open = null;
+          continue;
+        }
+        if (i === this.sentences.length - 1 && s.ended && !endsSentence(s.source[s.source.length - 1].text)) {
+          s.ended = false;   // the server still holds this sentence open
+          this.open = s;
+        }
+        this.render(s);
+      }
+      this.sentences.forEach((s, i) => { s.idx = i; s.li.dataset.sentence = i; });
+      this.updateLive();
+    }
+
+    interrupt() {   // the stream is gone: its unfinished sentences will never finish
+      for (let i = this.base; i < this.sentences.length; i++) {
+        const s = this.sentences[i];
+        if (!s.done && !s.interrupted) { s.interrupted = true; s.ended = true; this.render(s); }
+      }
+      this.open = null;
+      this.base = this.sentences.length;
+    }
+
+    // ---------------------------------------------------------------- receiving
+    newSentence() {
+      const s = { idx: this.sentences.length, source: [], words: [], ended: false, done: false, li: el("li", "sentence") };
+      s.li.dataset.sentence = s.idx;
+      this.sentences.push(s);
+      this.list.prepend(s.li);
+      return s;
+    }
+
+    sentenceAt(i) {
+      while (this.sentences.length <= this.base + i) this.newSentence();   // only if the mirror slipped
+      return this.sentences[this.base + i];
+    }
+
+    onWord(msg) {
+      const s = this.sentenceAt(msg.sentence);
+      s.words[msg.index] = { text: msg.text, delay: msg.delay, complete: msg.source_complete, lag: msg.lag_ms };
+      this.render(s);
+    }
+
+    onSentence(msg) {
+      const s = this.sentenceAt(msg.sentence);
+      const src = msg.source.split(/\s+/).filter(Boolean);
+      if (src.join(" ") !== s.source.map((w) => w.text).join(" ")) s.source = src.map((text) => ({ text }));
+      s.done = true;
+      s.ended = true;
+      if (this.open === s) this.open = null;
+      Object.assign(s, { translation: msg.translation, latency: msg.latency, compute: msg.compute_ms,
+        elapsed: msg.elapsed_ms });
+      this.render(s);
+      this.updateSummary();
+    }
+
+    // ---------------------------------------------------------------- drawing
+    render(s) {
+      const li = s.li;
+      li.dataset.done = s.done;
+      li.classList.toggle("done", s.done);
+      li.classList.toggle("interrupted", !!s.interrupted);
+      const words = s.words.map((w, index) => w && { ...w, index }).filter(Boolean);
+      // READ/WRITE alignment: one column per source word, the target words written right after it below
+      const grid = el("div", "grid");
+      const cols = s.source.map((w, i) => {
+        const col = el("div", "col");
+        col.dataset.col = i;
+        col.append(el("span", "src", w.text));
+        grid.append(col);
+        return col;
+      });
+      let endCol = null;
+      if (s.ended || words.some((w) => w.complete)) {
+        endCol = el("div", "col end");
+        endCol.dataset.col = "end";
+        const mark = el("span", "src endmark", "⏎");
+        mark.title = "end of sentence";
+        endCol.append(mark);
+        grid.append(endCol);
+      }
+      for (const w of words) {
+        const chip = el("span", "tgt", w.text);
+        Object.assign(chip.dataset, { index: w.index, delay: w.delay, complete: w.complete });
+        chip.title = w.complete ? "written after the sentence ended"
+          : `written after reading ${w.delay} source word(s)` + (w.lag !== undefined ? `, ${Math.round(w.lag)} ms lag` : "");
+        const target = w.complete ? endCol : cols[Math.min(Math.max(w.delay, 1), cols.length) - 1];
+        (target || endCol || grid).append(chip);
+      }
+      // the same rhythm as a tape of READs and WRITEs
+      const tape = el("div", "tape");
+      const put = (ch, n = 1) => { for (let i = 0; i < n; i++) tape.append(el("span", ch === "W" ? "w" : ch === "R" ? "r" : "e", ch)); };
+      put("W", words.filter((w) => !w.complete && w.delay <= 0).length);
+      s.source.forEach((_, i) => { put("R"); put("W", words.filter((w) => !w.complete && w.delay === i + 1).length); });
+      if (endCol) { put("⏎"); put("W", words.filter((w) => w.complete).length); }
+      const trans = el("div", "translation", s.done ? s.translation : words.map((w) => w.text).join(" "));
+      let stats;
+      if (s.done) {
+        const lat = s.latency;
+        stats = el("div", "stats");
+        stats.append(
+          lat ? metric("AL", lat.AL) : el("span", "", "nothing written"),
+          lat ? metric("CW", lat.CW) : "",
+          lat && lat.LAAL !== undefined ? metric("LAAL", lat.LAAL) : "",
+          el("span", "ms", `${Math.round(s.compute)} ms compute`));
+      } else {
+        stats = el("div", "stats pending", s.interrupted ? "interrupted: the stream closed" : "translating…");
+      }
+      li.replaceChildren(grid, tape, trans, stats);
+      this.updateLive();
+    }
+
+    updateLive() {
+      const last = this.sentences[this.sentences.length - 1];
+      const prev = this.sentences[this.sentences.length - 2];
+      this.liveSrc.textContent = last ? last.source.map((w) => w.text).join(" ") : "";
+      const line = (s, cls) => {
+        const text = s.done ? s.translation : s.words.filter(Boolean).map((w) => w.text).join(" ");
+        return el("div", cls, text || (s.done ? "" : "…"));
+      };
+      const lines = [];
+      if (prev && last && !last.done && prev.done) lines.push(line(prev, "line prev"));
+      if (last) lines.push(line(last, last.done ? "line" : "line current"));
+      this.caption.replaceChildren(...lines);
+    }
+
+    updateSummary() {
+      const done = this.sentences.filter((s) => s.done && s.latency);
+      const mean = (k) => done.reduce((a, s) => a + (s.latency[k] ?? 0), 0) / done.length;
+      this.summary.replaceChildren();
+      if (!done.length) return;
+      this.summary.append(el("span", "", `${done.length} sentence${done.length > 1 ? "s" : ""}`),
+        metric("mean AL", mean("AL")), metric("mean CW", mean("CW")));
+    }
+  }
+
+  function metric(name, value) {
+    const m = el("span", "metric");
+    m.dataset.metric = name;
+    m.append(el("b", "", name), ` ${fmt(value)}`);
+    return m;
+  }
+
+  // ------------------------------------------------------------------ models
+  let modelsTimer = null;
+  async function loadModels() {
+    clearTimeout(modelsTimer);
+    let res;
+    try {
+      res = await fetch(SERVER + "/v1/models", { cache: "no-store" });
+    } catch (e) {
+      showBanner(`Cannot reach the server at ${SERVER}. Retrying…`);
+      modelsTimer = setTimeout(loadModels, 3000);
+      return;
+    }
+    if (res.status === 503) {
+      showBanner("The server is loading its models…", "info");
+      modelsTimer = setTimeout(loadModels, 1000);
+      return;
+    }
+    if (!res.ok) {
+      showBanner(`GET /v1/models failed: HTTP ${res.status}. Retrying…`);
+      modelsTimer = setTimeout(loadModels, 3000);
+      return;
+    }
+    const data = await res.json();
+    hideBanner();
+    state.models = data.models;
+    state.byName = Object.fromEntries(data.models.map((m) => [m.name, m]));
+    const first = (policy) => data.models.find((m) => m.policy === policy)?.name;
+    const a = params.get("a") || first("gma") || data.default;
+    const b = params.get("b") || first("waitk") || data.models.find((m) => m.name !== a)?.name || a;
+    const [pa, pb] = state.panes;
+    pa.setModels(data.models, a);
+    pb.setModels(data.models, b);
+    for (const p of state.panes) if (p.enabled) p.reconnect();
+  }
+
+  // ------------------------------------------------------------------ input: every enabled pane gets the same words
+  const feed = (words, end) => state.panes.forEach((p) => p.send(words, end));
+
+  const live = $("#live-input");
+  const liveHint = $("#live-hint");
+  let sentWords = [];   // words of the current line already sent
+
+  function hint(text) {
+    liveHint.textContent = text;
+    clearTimeout(hint.timer);
+    hint.timer = setTimeout(() => { liveHint.textContent = ""; }, 4000);
+  }
+
+  // Send the complete words of `text` not sent yet; `complete`: the last word is complete too.
+  function sendLine(text, complete) {
+    const words = text.split(/\s+/).filter(Boolean);
+    const done = complete || /\s$/.test(text) ? words : words.slice(0, -1);
+    if (sentWords.some((w, i) => done[i] !== undefined && done[i] !== w)) hint("Words already sent cannot be changed.");
+    const fresh = done.slice(sentWords.length);
+    if (fresh.length) {
+      // a sentence end inside the new words splits the message, as the server does
+      let cur = [];
+      for (const w of fresh) {
+        cur.push(w);
+        if (endsSentence(w) || cur.length >= 50) { feed(cur, false); cur = []; }
+      }
+      if (cur.length) feed(cur, false);
+      sentWords = sentWords.concat(fresh);
+    }
+  }
+
+  function onLiveInput() {
+    const lines = live.value.split(/\r?\n/);
+    let rest = lines.pop();
+    for (const line of lines) {   // pasted line breaks end sentences, like Enter
+      sendLine(line, true);
+      feed([], true);
+      sentWords = [];
+    }
+    sendLine(rest, false);
+    // words up to the last sentence end leave the box: the box holds the open sentence only
+    const lastEnd = sentWords.map(endsSentence).lastIndexOf(true);
+    if (lastEnd >= 0) {
+      const re = new RegExp(`^\\s*(?:\\S+\\s+){${lastEnd}}\\S+\\s*`);
+      rest = rest.replace(re, "");
+      sentWords = sentWords.slice(lastEnd + 1);
+    }
+    if (lines.length || lastEnd >= 0) live.value = rest;
+  }
+
+  function finishLine() {
+    sendLine(live.value.replace(/\r?\n/g, " "), true);
+    feed([], true);
+    sentWords = [];
+    live.value = "";
+  }
+
+  live.addEventListener("input", onLiveInput);
+  live.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); finishLine(); }
+  });
+
+  // ------------------------------------------------------------------ transcript player
+  const script = $("#script");
+  const playBtn = $("#play");
+  const stopBtn = $("#stop");
+  const wpm = $("#wpm");
+  const wpmOut = $("#wpm-value");
+  const progress = $("#play-progress");
+  let player = null;
+
+  async function loadDemo() {
+    try {
+      const res = await fetch("demo_de.txt", { cache: "no-store" });
+      if (res.ok) script.value = (await res.text()).trim();
+    } catch (e) { /* the page works without it */ }
+  }
+
+  function tick() {
+    if (!player || player.paused) return;
+    const item = player.items[player.i++];
+    feed([item.word], item.end);
+    progress.textContent = `word ${player.i} of ${player.items.length}`;
+    if (player.i >= player.items.length) { stopPlaying(false); progress.textContent = "done"; return; }
+    player.timer = setTimeout(tick, 60000 / Number(wpm.value));
+  }
+
+  function startPlaying() {
+    if (player) {   // pause / resume
+      player.paused = !player.paused;
+      playBtn.textContent = player.paused ? "▶ Resume" : "❚❚ Pause";
+      if (!player.paused) tick(); else clearTimeout(player.timer);
+      return;
+    }
+    const items = [];
+    for (const line of script.value.split(/\r?\n/)) {
+      const words = line.split(/\s+/).filter(Boolean);
+      words.forEach((word, i) => items.push({ word, end: i === words.length - 1 }));
+    }
+    if (!items.length) { progress.textContent = "nothing to play"; return; }
+    player = { items, i: 0, paused: false, timer: null };
+    playBtn.textContent = "❚❚ Pause";
+    stopBtn.disabled = false;
+    tick();
+  }
+
+  function stopPlaying(endSentence = true) {
+    if (!player) return;
+    clearTimeout(player.timer);
+    if (endSentence && player.i > 0 && !player.items[player.i - 1].end) feed([], true);
+    player = null;
+    playBtn.textContent = "▶ Play";
+    stopBtn.disabled = true;
+  }
+
+  playBtn.addEventListener("click", startPlaying);
+  stopBtn.addEventListener("click", () => { stopPlaying(); progress.textContent = "stopped"; });
+  wpm.addEventListener("input", () => { wpmOut.textContent = wpm.value; });
+  $("#reset-script").addEventListener("click", loadDemo);
+
+  // ------------------------------------------------------------------ page set-up
+  const keyInput = $("#api-key");
+  keyInput.value = state.key;
+  $("#key-form").addEventListener("submit", (e) => { e.preventDefault(); keyInput.dispatchEvent(new Event("change")); });
+  keyInput.addEventListener("change", () => {
+    const key = keyInput.value.trim();
+    if (key === state.key && state.panes.every((p) => !p.enabled || p.ready || p.ws)) return;   // nothing new
+    state.key = key;
+    sessionStorage.setItem("simulserve.key", state.key);
+    state.panes.forEach((p) => p.enabled && p.reconnect());
+  });
+
+  const panesBox = $("#panes");
+  state.panes = ["a", "b"].map((id) => new Pane(id));
+  state.panes.forEach((p) => panesBox.append(p.root));
+  const compare = $("#compare");
+  const applyCompare = () => {
+    const b = state.panes[1];
+    panesBox.classList.toggle("single", !compare.checked);
+    b.root.hidden = !compare.checked;
+    if (compare.checked && !b.enabled) b.enable();
+    if (!compare.checked) b.disable();
+  };
+  if (params.get("compare") === "0") compare.checked = false;
+  compare.addEventListener("change", applyCompare);
+  if (!compare.checked) applyCompare();
+
+  window.simulserve = { state, feed };   // for the console
+  loadDemo();
+  loadModels();
+})();

@@ -1,0 +1,225 @@
+"""The caption page in a real browser: Debian's Chromium, driven by Playwright, against a real server process.
+
+The server (`simulserve serve`, a subprocess on a free loopback port, with an API key) serves the tiny
+models of the `trained` fixture, which learned to copy made-up words: typing "haus baum licht" must
+caption "haus baum licht" in both panes (GMA and wait-k). Screenshots go to artifacts/.
+
+Needs Chromium from Debian (`bash docker/install-browser.sh`, run by `make setup-test`) and the
+`playwright` Python package (the `test` extra); without them the tests are skipped, with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = os.environ.get("SIMULSERVE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-gpu",
+                 "--no-first-run", "--disable-sync", "--disable-quic"]
+KEY = "caption-test-key"
+TIMEOUT_MS = 20_000
+
+pytestmark = pytest.mark.browser
+
+
+class ServerProcess:
+    """`simulserve serve` in a subprocess; stop() and start() again on the same port."""
+
+    def __init__(self, models: dict[str, Path], log: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, "-m", "models.cli", "serve", *(f"{n}={p}" for n, p in models.items()),
+                    "--host", "127.0.0.1", "--port", str(self.port), "--api-key", KEY, "--torch-threads", "1",
+                    "--no-warmup", "--log-level", "warning"]
+        self.log = log
+        self.proc = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the server did not become healthy:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM}: run `bash docker/install-browser.sh` (Debian's chromium)")
+    with sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        except Error as e:
+            pytest.skip(f"Chromium at {CHROMIUM} does not start: {str(e).splitlines()[0]}")
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(trained, tmp_path_factory):
+    srv = ServerProcess({"gma": trained["gma"], "waitk": trained["waitk"]},
+                        tmp_path_factory.mktemp("browser_server") / "server.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def page(browser, server):
+    """A fresh page; JavaScript errors fail the test; every websocket frame the server sent is kept."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.js_errors = []
+    page.frames_in = []   # [(websocket number, message)]
+    page.on("pageerror", lambda e: page.js_errors.append(str(e)))
+
+    def on_ws(ws, n=[0]):
+        n[0] += 1
+        k = n[0]
+        ws.on("framereceived", lambda payload: page.frames_in.append((k, json.loads(payload))))
+    page.on("websocket", on_ws)
+    yield page
+    context.close()
+    assert not page.js_errors, f"JavaScript errors on the page: {page.js_errors}"
+
+
+def open_page(page, server) -> None:
+    """Load the page and give it the API key; both panes (GMA, wait-k) become ready."""
+    page.goto(server.url + "/")
+    page.fill("#api-key", KEY)
+    page.dispatch_event("#api-key", "change")
+    for pane in ("a", "b"):
+        page.wait_for_selector(f"#pane-{pane} .status[data-state=ready]")
+
+
+def say(page, text: str) -> None:
+    """Type one sentence into the live box, as a person would, and end it with Enter."""
+    page.click("#live-input")
+    page.keyboard.type(text, delay=15)
+    page.keyboard.press("Enter")
+
+
+def sentence(page, pane: str, i: int) -> str:
+    return f"#pane-{pane} li.sentence[data-sentence='{i}']"
+
+
+def sent_by(page, model: str) -> dict[str, list[dict]]:
+    """The messages of the latest websocket whose stream opened `model`, by type."""
+    streams: dict[int, dict[str, list[dict]]] = {}
+    for n, msg in page.frames_in:
+        streams.setdefault(n, {}).setdefault(msg["type"], []).append(msg)
+    mine = [n for n, msgs in streams.items() if msgs.get("ready") and msgs["ready"][0]["model"] == model]
+    assert mine, f"no stream of {model} was opened"
+    return streams[mine[-1]]
+
+
+def wait_done(page, pane: str, i: int):
+    page.wait_for_selector(sentence(page, pane, i) + "[data-done=true]")
+    return page.locator(sentence(page, pane, i))
+
+
+def test_bad_key_then_captions_side_by_side(page, server):
+    page.goto(server.url + "/")
+    # no key: both streams are refused, and the page says why
+    for pane in ("a", "b"):
+        page.wait_for_selector(f"#pane-{pane}[data-error=unauthorized]")
+        assert "API key" in page.inner_text(f"#pane-{pane} .alert")
+    # the right key, then both policies stream side by side
+    page.fill("#api-key", KEY)
+    page.dispatch_event("#api-key", "change")
+    for pane in ("a", "b"):
+        page.wait_for_selector(f"#pane-{pane} .status[data-state=ready]")
+    assert "GMA" in page.inner_text("#pane-a .status")
+    assert "wait-k k=" in page.inner_text("#pane-b .status")
+    k = int(page.input_value("#pane-b .knob-value"))
+
+    say(page, "haus baum licht")
+    say(page, "wald stein wasser feuer")
+    for pane, model in (("a", "gma"), ("b", "waitk")):
+        s0, s1 = wait_done(page, pane, 0), wait_done(page, pane, 1)
+        # the models learned to copy: the first sentence's captions are known; the page shows the server's words
+        assert s0.locator(".translation").inner_text() == "haus baum licht"
+        server_said = sent_by(page, model)
+        assert s1.locator(".translation").inner_text() == server_said["sentence"][1]["translation"]
+        assert server_said["sentence"][1]["translation"] in page.inner_text(f"#pane-{pane} .caption")
+        assert [t.strip() for t in s0.locator(".src").all_inner_texts()] == ["haus", "baum", "licht", "⏎"]
+        for s, i in ((s0, 0), (s1, 1)):
+            latency = server_said["sentence"][i]["latency"]
+            assert s.locator("[data-metric=AL]").inner_text() == f"AL {latency['AL']:.2f}"
+            assert s.locator("[data-metric=CW]").inner_text() == f"CW {latency['CW']:.2f}"
+            # READ/WRITE rhythm: each target word sits under the source word after which the server wrote it
+            words = [w for w in server_said["word"] if w["sentence"] == i]
+            chips = s.locator(".tgt").all()
+            assert [c.inner_text() for c in chips] == [w["text"] for w in words]
+            for chip, w in zip(chips, words):
+                col = chip.evaluate("e => e.parentElement.dataset.col")
+                assert col == ("end" if w["source_complete"] else str(max(w["delay"], 1) - 1)), (pane, w)
+        assert "mean AL" in page.inner_text(f"#pane-{pane} .summary")
+    # wait-k reads k words before its first write
+    assert sent_by(page, "waitk")["word"][0]["delay"] >= k
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "caption_page.png"), full_page=True)
+
+
+def test_disconnect_is_shown_then_reconnect(page, server):
+    open_page(page, server)
+    say(page, "berg fluss stadt")
+    wait_done(page, "a", 0)
+    wait_done(page, "b", 0)
+    server.stop()
+    try:
+        for pane in ("a", "b"):
+            page.wait_for_selector(f"#pane-{pane} .status[data-state=disconnected]")
+            assert "Disconnected from the server" in page.inner_text(f"#pane-{pane} .alert")
+        # words typed while the server is down are not silently lost
+        say(page, "meer wind")
+        page.wait_for_function("document.querySelector('#pane-a .alert').textContent.includes('Not sent')")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "caption_page_disconnected.png"), full_page=True)
+    finally:
+        server.start()
+    page.click("#pane-a .reconnect")
+    page.click("#pane-b .reconnect")
+    for pane in ("a", "b"):
+        page.wait_for_selector(f"#pane-{pane} .status[data-state=ready]")
+    say(page, "haus baum licht")
+    for pane in ("a", "b"):
+        assert wait_done(page, pane, 1).locator(".translation").inner_text() == "haus baum licht"
+        assert page.locator(f"#pane-{pane} .alert").is_hidden()
+    assert page.locator("#pane-a li.sentence.interrupted").count() == 0   # sentence 0 had finished
