@@ -9,8 +9,8 @@
 #   --venv DIR          create (if missing) and install into this venv [SIMULSERVE_VENV; required]
 #   --src DIR           the project to install (default: the repository holding this script)
 #   --torch SPEC        the torch requirement, always pinned [TORCH_SPEC, default torch==2.13.0]
-#   --torch-index URL   take torch from this index only, e.g. https://download.pytorch.org/whl/cpu
-#                       or .../whl/cu128 [TORCH_INDEX; default: pip's configured indexes]
+#   --torch-index URL   take torch from this index only, e.g. PyTorch's CPU-only or CUDA wheel index
+#                       [TORCH_INDEX; default: pip's configured indexes]
 #   --extras LIST       project extras, e.g. eval [SIMULSERVE_EXTRAS]
 #   --python EXE        interpreter for a new venv [PYTHON, default python3]
 #

@@ -13,6 +13,9 @@ import json
 import math
 import os
 import random
+import signal
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -213,6 +216,10 @@ class Trainer:
         self.model.train()
         history = []
         stop = None
+        interrupted = _StopOnSignal()
+        if self.rank == 0:
+            print(f"training {tc.output} from update {self.step}; Ctrl-C or SIGTERM saves and stops",
+                  file=sys.stderr, flush=True)
         while self.epoch < tc.max_epochs and stop is None:
             batches = make_batches(self.train_ex, tc.max_tokens, tc.seed, self.epoch)
             batches = batches[: len(batches) - len(batches) % self.world or None][self.rank::self.world]
@@ -243,6 +250,8 @@ class Trainer:
                     stop = "max_steps"
                 elif tc.max_minutes and minutes >= tc.max_minutes:
                     stop = "max_minutes"
+                elif interrupted.signal:
+                    stop = interrupted.signal
                 if stop:
                     break
                 if (time.monotonic() - last_save) / 60 >= tc.save_every_minutes:
@@ -260,6 +269,9 @@ class Trainer:
                 if self.rank == 0:
                     self._end_of_epoch(rec)
             self.save_state()
+            if stop and self.rank == 0 and not self.epoch:  # keep the checkpoint as fresh as the state
+                self.export()
+        interrupted.restore()
         if self.world > 1:
             dist.barrier()
         return {"step": self.step, "epoch": self.epoch, "stopped": stop or "max_epochs", "history": history,
@@ -286,6 +298,27 @@ class Trainer:
         info = {"steps": self.step, "epochs": self.epoch, "averaged": [f.name for f in files],
                 "train_config": asdict(self.tc)}
         return save_checkpoint(self.out / "checkpoint", model, self.tok, info)
+
+
+class _StopOnSignal:
+    """SIGINT/SIGTERM end training after the current update, with the state saved (nothing lost)."""
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.signal:  # a second signal: stop at once
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        tqdm.write(f"{self.signal}: saving after this update (send again to stop at once)")
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def average_weights(paths: list[Path]) -> dict:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,32 @@ def test_train_command_trains_and_resumes(word_tok, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "resuming at step 5" in r.stdout
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 9
+
+
+def test_sigterm_saves_state_and_checkpoint_then_resumes(word_tok, tmp_path):
+    recipe = write_recipe(word_tok, tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "models.cli", "train", str(recipe), "--no-progress",
+                             "--max-steps", "1000000", "--max-epochs", "100000"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "SIGTERM saves and stops" in proc.stderr.readline()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["stopped"] == "SIGTERM"
+    out_dir = tmp_path / "run"
+    saved = json.loads((out_dir / "train_state" / "state.json").read_text())["step"]
+    assert saved == result["step"]
+    assert json.loads((out_dir / "checkpoint" / "config.json").read_text())["training"]["steps"] == saved
+    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", str(saved + 2),
+            "--max-epochs", "100000")
+    assert r.returncode == 0, r.stderr
+    assert f"resuming at step {saved}" in r.stdout
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == saved + 2
 
 
 def test_bad_recipe_is_a_clear_error(tmp_path):

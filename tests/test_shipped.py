@@ -1,0 +1,81 @@
+"""The De→En checkpoints shipped in models/checkpoints load and translate plausibly under every policy."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from models.checkpoint import load_checkpoint
+from models.shipped import DEFAULT_MODEL, shipped_checkpoints
+from models.step import StreamingDecoder
+from models.translate import simulate
+
+EXPECTED = {"gma_delta1": "gma", "gma_delta2": "gma", "waitk": "waitk", "offline": "offline"}
+
+# German sentences from the three domains of the training data, with English content words a
+# plausible translation contains (substrings, lower case); at least two must appear.
+SENTENCES = [
+    ("Im Anfang schuf Gott den Himmel und die Erde.", ["beginning", "god", "heaven", "earth"]),
+    ("Und Gott sprach: Es werde Licht! und es ward Licht.", ["god", "said", "light"]),
+    ("Klicken Sie auf die Schaltfläche OK.", ["click", "button", "ok"]),
+    ("Dieses Paket enthält die Dokumentation.", ["package", "contains", "documentation"]),
+    ("Wählen Sie Datei - Speichern unter.", ["choose", "file", "save"]),
+]
+
+# every policy setting a user can pick from the shipped models
+SETTINGS = {
+    "gma_delta1": [{}, {"delta": 2.0}],
+    "gma_delta2": [{}],
+    "waitk": [{"k": 1}, {"k": 3}, {"k": 9}],
+    "offline": [{}, {"beam": 4}],
+}
+
+
+@pytest.fixture(scope="module")
+def decoders():
+    shipped = shipped_checkpoints()
+    missing = sorted(set(EXPECTED) - set(shipped))
+    assert not missing, f"shipped checkpoints missing: {missing}"
+    out = {}
+    for name in EXPECTED:
+        model, tok, info = load_checkpoint(shipped[name])
+        out[name] = StreamingDecoder(model, tok)
+    return out
+
+
+def test_shipped_configs_name_their_policy_and_languages(decoders):
+    for name, policy in EXPECTED.items():
+        cfg = decoders[name].cfg
+        assert (cfg.policy, cfg.src_lang, cfg.tgt_lang) == (policy, "de", "en"), name
+    assert decoders["gma_delta2"].cfg.default_delta == 2.0
+    assert (ROOT / "models" / "checkpoints" / DEFAULT_MODEL).is_dir()
+
+
+@pytest.mark.parametrize("name,setting", [(n, s) for n, ss in SETTINGS.items() for s in ss],
+                         ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_shipped_model_translates_plausibly(decoders, name, setting):
+    results = simulate(decoders[name], [s for s, _ in SENTENCES], **setting)
+    for (source, keys), res in zip(SENTENCES, results):
+        text = res.prediction.lower()
+        found = [k for k in keys if k in text]
+        assert len(found) >= 2, f"{name} {setting}: {source!r} -> {res.prediction!r} (found {found} of {keys})"
+        n_src = len(source.split())
+        assert len(res.delays) == len(res.prediction.split())
+        assert all(1 <= d <= n_src for d in res.delays) and res.delays == sorted(res.delays)
+        if name == "offline":
+            assert set(res.delays) == {n_src}
+
+
+def test_translate_command_uses_the_shipped_default(tmp_path):
+    src = tmp_path / "in.de"
+    src.write_text(SENTENCES[0][0] + "\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "models.cli", "translate", "-i", str(src)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "god" in line["prediction"].lower() and len(line["delays"]) == len(line["prediction"].split())
