@@ -1,7 +1,10 @@
-"""SimulEval agents and scorers. Importing the package registers the CW scorer if SimulEval is installed."""
-try:
-    import simuleval  # noqa: F401
-except ImportError:  # SimulEval is the optional `eval` extra
-    pass
-else:
+"""SimulEval agents and scorers, and the `evaluate` / `plot-alignment` commands.
+
+SimulEval (the optional `eval` extra) is imported only where it is needed: when
+SimulEval itself loads this package (`--user-dir agents`) or an agent module, the
+CW scorer is registered; `simulserve evaluate` runs without importing it.
+"""
+import sys
+
+if "simuleval" in sys.modules:
     from . import scorers  # noqa: F401

@@ -40,6 +40,7 @@ from simuleval.agents import TextToTextAgent
 from simuleval.agents.actions import ReadAction, WriteAction
 from simuleval.agents.states import AgentStates
 
+import agents.scorers  # noqa: F401  (registers the CW scorer with SimulEval)
 from models.checkpoint import load_checkpoint, pick_device
 from models.errors import UserError
 from models.policy import make_policy

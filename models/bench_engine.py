@@ -51,6 +51,7 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
                     must_read = True
                 else:
                     token = int(logits[0, -1].argmax())
+                    must_read = token == cfg.eos_id and not finished  # no EOS before the source ends
         if must_read:
             if read < len(words):
                 src += tok.encode_word(words[read])

@@ -233,6 +233,11 @@ class StreamingDecoder:
         if keep.any():  # no output projection for trials that READ
             tokens[keep] = self.model.logits(hidden[keep]).argmax(-1)
         tokens = tokens.tolist()
+        for r, s in enumerate(states):
+            if not read[r] and tokens[r] == cfg.eos_id and not s.source_finished:
+                # EOS before the source has ended is a READ (the reference agents' rule): a
+                # translation ends with its sentence, not while the speaker is still talking
+                read[r], need[r] = True, s.available + 1
         for layer, (kk, vv) in enumerate(new_kv):
             self.pool.write("dec_k", layer, slots[keep], t[keep], kk[keep, :, 0])
             self.pool.write("dec_v", layer, slots[keep], t[keep], vv[keep, :, 0])

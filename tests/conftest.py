@@ -22,6 +22,15 @@ POLICIES = ("offline", "waitk", "gma")
 ATTENTION = {"offline": "standard", "waitk": "waitk", "gma": "gma"}
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Two shared cores: torch's spinning threads make the tiny models 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_config(tok, policy: str, **over) -> ModelConfig:
     kw = dict(vocab_size=tok.vocab_size, d_model=32, n_heads=4, d_ffn=64, encoder_layers=2,
               decoder_layers=2, dropout=0.0, max_positions=48, attention=ATTENTION[policy],

@@ -11,7 +11,6 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("simuleval")
 
@@ -33,13 +32,7 @@ REFERENCES = [t for _, t in PAIRS]
 SETTINGS = {"offline": {}, "waitk": {"k": 2}, "gma": {"delta": 1.0}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two shared cores: torch's spinning threads make the tiny models 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def simuleval_command() -> list[str]:

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from models.cli import main
 from models.latency import corpus_scores, paper_convention_scores, sentence_scores
@@ -22,13 +21,7 @@ SET_B = make_pairs(7, min_len=2, max_len=6, seed=42)
 KS, DELTAS = (1, 3), (0.5, 1.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two shared cores: torch's spinning threads make the tiny models 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def write_set(directory: Path, name: str, pairs, src_lang="de", tgt_lang="en") -> tuple[Path, Path]:
