@@ -71,6 +71,9 @@ def load_train_config(path: str | Path, overrides: dict | None = None) -> TrainC
     return TrainConfig(**raw)
 
 
+LOG_EVERY = 20  # updates per line of OUTPUT/updates.jsonl
+
+
 def inverse_sqrt_lr(step: int, lr: float, warmup: int) -> float:
     step = max(step, 1)
     return lr * min(step / warmup, math.sqrt(warmup / step))
@@ -226,6 +229,7 @@ class Trainer:
             bar = tqdm(total=len(batches), initial=self.position, disable=not self.progress or self.rank != 0,
                        desc=f"epoch {self.epoch + 1}", unit="batch", dynamic_ncols=True)
             run_loss, run_tok = 0.0, 0
+            win_loss, win_tok = 0.0, 0
             for idx in batches[self.position:]:
                 batch = collate(self.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, self.device)
                 k = sample_k(tc.seed, self.step, batch[0].shape[1]) if cfg.attention == "waitk" else None
@@ -243,8 +247,14 @@ class Trainer:
                 run_loss += float(loss.detach())
                 run_tok += ntok
                 bar.update(1)
-                if self.step % 20 == 0:
-                    bar.set_postfix(loss=f"{run_loss / max(run_tok, 1):.3f}", lr=f"{lr:.2e}", step=self.step)
+                win_loss += float(loss.detach())
+                win_tok += ntok
+                if self.step % LOG_EVERY == 0:
+                    # the mean of the last LOG_EVERY updates: a learning curve that survives restarts
+                    self._log_updates({"step": self.step, "loss": round(win_loss / max(win_tok, 1), 4),
+                                       "lr": lr, "tokens": win_tok, "epoch": self.epoch + 1})
+                    bar.set_postfix(loss=f"{win_loss / max(win_tok, 1):.3f}", lr=f"{lr:.2e}", step=self.step)
+                    win_loss, win_tok = 0.0, 0
                 minutes = (time.monotonic() - start) / 60
                 if tc.max_steps and self.step >= tc.max_steps:
                     stop = "max_steps"
@@ -276,6 +286,13 @@ class Trainer:
             dist.barrier()
         return {"step": self.step, "epoch": self.epoch, "stopped": stop or "max_epochs", "history": history,
                 "resumed": self.resumed}
+
+    def _log_updates(self, rec: dict) -> None:
+        if self.rank != 0:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "updates.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
     def _end_of_epoch(self, rec: dict) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

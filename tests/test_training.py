@@ -14,6 +14,7 @@ from conftest import ROOT, tiny_config
 from safetensors.torch import load_file, save_file
 
 from models.synthetic import make_pairs
+import models.train as train_module
 from models.train import TrainConfig, Trainer, average_weights, inverse_sqrt_lr
 
 MODEL_KEYS_DROPPED = ("vocab_size", "src_lang", "tgt_lang", "pad_id", "unk_id", "bos_id", "eos_id")
@@ -44,7 +45,8 @@ def test_resumed_training_equals_uninterrupted(policy, word_tok, tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
 
 
-def test_loss_falls_and_epochs_are_logged(word_tok, tmp_path):
+def test_loss_falls_and_epochs_are_logged(word_tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "LOG_EVERY", 5)
     _, result = run(word_tok, tmp_path, "gma", max_epochs=3)
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2, 3]
@@ -52,6 +54,9 @@ def test_loss_falls_and_epochs_are_logged(word_tok, tmp_path):
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
     meta = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
     assert meta["training"]["averaged"] == ["epoch002.safetensors", "epoch003.safetensors"]
+    updates = [json.loads(line) for line in (tmp_path / "updates.jsonl").read_text().splitlines()]
+    assert [u["step"] for u in updates] == list(range(5, result["step"] + 1, 5))
+    assert updates[-1]["loss"] < updates[0]["loss"] and all(u["tokens"] > 0 for u in updates)
 
 
 def test_average_weights_is_the_mean(tmp_path):
