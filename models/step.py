@@ -152,8 +152,10 @@ class StreamingDecoder:
         return False
 
     def _quick_need(self, s: StreamState) -> float:
+        # s.need: what the last decoder trial asked for (a GMA window, or one more word after
+        # an early EOS), never less than the policy's own rule
         if s.policy.kind == "waitk":
-            return len(s.target_tokens) + s.policy.k
+            return max(len(s.target_tokens) + s.policy.k, s.need)
         if s.policy.kind == "gma":
             return s.need
         return float("inf")  # offline: the whole sentence

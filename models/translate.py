@@ -70,6 +70,9 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
                 decoder.advance([states[i] for i in live], shares := [0.0] * len(live))
                 for i, c in zip(live, shares):
                     compute[i] += c
+                    if states[i].end_received and not states[i].done:  # nothing more will arrive
+                        raise RuntimeError(f"stream {start + i} stalled after the end of its source "
+                                           "(a decoder bug; please report it with the sentence)")
             for i, s in enumerate(states):
                 results.append(SentenceResult(
                     source=group[i], prediction=s.translation, delays=s.delays,

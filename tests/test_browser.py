@@ -223,3 +223,39 @@ def test_disconnect_is_shown_then_reconnect(page, server):
         assert wait_done(page, pane, 1).locator(".translation").inner_text() == "haus baum licht"
         assert page.locator(f"#pane-{pane} .alert").is_hidden()
     assert page.locator("#pane-a li.sentence.interrupted").count() == 0   # sentence 0 had finished
+
+
+@pytest.fixture(scope="module")
+def shipped_server(tmp_path_factory):
+    """`simulserve serve` with no model arguments: every shipped De→En checkpoint."""
+    from models.shipped import shipped_checkpoints
+    if not {"gma_delta1", "waitk"} <= set(shipped_checkpoints()):
+        pytest.fail("the shipped gma_delta1 and waitk checkpoints are missing")
+    srv = ServerProcess({}, tmp_path_factory.mktemp("shipped_server") / "server.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_shipped_models_caption_german_in_english(browser, shipped_server):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        open_page(page, shipped_server)
+        assert page.input_value("#pane-a select.model") == "gma_delta1"
+        assert page.input_value("#pane-b select.model") == "waitk"
+        say(page, "Im Anfang schuf Gott den Himmel und die Erde.")
+        say(page, "Klicken Sie auf die Schaltfläche OK.")
+        for pane in ("a", "b"):
+            first = wait_done(page, pane, 0).locator(".translation").inner_text().lower()
+            second = wait_done(page, pane, 1).locator(".translation").inner_text().lower()
+            assert "god" in first and "earth" in first, (pane, first)
+            assert "click" in second, (pane, second)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "caption_page_shipped.png"), full_page=True)
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"

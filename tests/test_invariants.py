@@ -48,6 +48,23 @@ def test_waitk_delays_follow_the_schedule(k, word_tok, trained_decoders):
             assert r.token_delays == [min(k + i - 1, x) for i in range(1, len(r.token_delays) + 1)]
 
 
+# longer than the tiny models' training sentences (≤ 9 words): they predict EOS early
+LONG = [src for src, _ in make_pairs(6, min_len=12, max_len=20, seed=12)]
+
+
+@pytest.mark.parametrize("policy,setting", [("waitk", {"k": 1}), ("waitk", {"k": 3}), ("gma", {"delta": 0.5}),
+                                            ("gma", {"delta": 2.0})])
+def test_no_eos_before_the_source_ends(policy, setting, trained_decoders):
+    """An EOS predicted before the source has ended is a READ; every word is read, then EOS."""
+    dec = trained_decoders[policy]
+    for chunks in (None, [[len(s.split())] for s in LONG]):
+        for r, sentence in zip(simulate(dec, LONG, chunks=chunks, **setting), LONG):
+            n = len(sentence.split())
+            assert r.source_words == n
+            assert r.token_delays[-1] == r.source_subwords + 1  # EOS written after the source EOS
+            assert r.delays == sorted(r.delays) and all(1 <= d <= n for d in r.delays)
+
+
 def test_offline_writes_only_after_the_source_ends(trained_decoders, word_tok):
     for dec in (trained_decoders["offline"], random_decoder(word_tok, "offline", seed=4)):
         for sentence in SENTENCES[:5]:
