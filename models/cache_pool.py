@@ -61,8 +61,15 @@ class CachePool:
         self.capacity = capacity
 
     def gather(self, name: str, slots: torch.Tensor, length: int) -> list[tuple[torch.Tensor, ...]]:
-        """Per layer, the (B, H, length, dk) cache of the given slots."""
-        t = self.tensors[name][slots, :, :, : max(length, 1)]
+        """Per layer, the (B, H, length, dk) cache of the given slots.
+
+        One slot (a lone stream) gets a view, not a copy: callers only read it (the model
+        clones what it writes into)."""
+        if slots.numel() == 1:
+            i = int(slots[0])
+            t = self.tensors[name][i:i + 1, :, :, : max(length, 1)]
+        else:
+            t = self.tensors[name][slots, :, :, : max(length, 1)]
         return [t[:, layer] for layer in range(t.shape[1])]
 
     def gather_kv(self, prefix: str, slots: torch.Tensor, length: int):

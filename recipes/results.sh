@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The README's De→En results: the shipped checkpoints on the three test sets, the BLEU–AL plots
+# and one GMA alignment picture.
+#
+#   bash recipes/results.sh [OUT]        # default OUT=docs/results; LIMIT=N sentences per test set
+#
+# Needs `simulserve prepare-data --out data/de-en` first (the test sets) and the shipped models.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-docs/results}"
+LIMIT="${LIMIT:-150}"
+SIMULSERVE="${SIMULSERVE:-.venv/bin/simulserve}"
+
+# wait-k at k = 1..9 (one multipath model); GMA: both shipped models at δ = 1 and 2; offline greedy
+"$SIMULSERVE" evaluate -m gma_delta1 -m gma_delta2 -m waitk -m offline \
+  --label "GMA, trained δ=1" --label "GMA, trained δ=2" --label wait-k --label offline \
+  --k 1,3,5,7,9 --delta 1,2 --data data/de-en --sets bible,libreoffice,ddtp --limit "$LIMIT" \
+  --batch-size 32 --threads 2 -o "$OUT"
+
+# one test-set verse: cross-attention of every decoder layer, GMA's p_i and the READ/WRITE path
+"$SIMULSERVE" plot-alignment -m gma_delta1 --layer all \
+  -s "So nehmet nun aus den Stämmen Israels zwölf Männer, aus jedem Stamm einen." \
+  -o "$OUT/alignment_gma_delta1.png" --json "$OUT/alignment_gma_delta1.json"
+
+# the three targets of the issue, from the numbers above
+.venv/bin/python recipes/targets.py "$OUT/results.json" | tee "$OUT/targets.txt"
