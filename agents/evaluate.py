@@ -311,6 +311,29 @@ def write_outputs(out: Path, rows: list[dict], sets: list[TestSet], meta: dict) 
     return pngs
 
 
+def merge_previous(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
+    """--append: keep the rows of an earlier run in `path` that this run did not redo."""
+    if not path.is_file():
+        return rows, meta
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        old_rows, old_sets = old["results"], old["sets"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise EvaluationError(f"--append: {path} is not a results file of `evaluate` ({e})") from None
+    if (old.get("use_ref_len"), old.get("sacrebleu_tokenizer")) != (meta["use_ref_len"], meta["sacrebleu_tokenizer"]):
+        raise EvaluationError(f"--append: {path} was scored with other options (tokenizer or reference length)")
+    sizes = {s["name"]: s["sentences"] for s in meta["sets"]}
+    clash = [s["name"] for s in old_sets if s["name"] in sizes and s["sentences"] != sizes[s["name"]]]
+    if clash:
+        raise EvaluationError(f"--append: {path} has other sentence counts for {clash} (use the same --limit)")
+    redone = {(r["set"], r["model"], r["setting"]) for r in rows}
+    kept = [r for r in old_rows if (r["set"], r["model"], r["setting"]) not in redone]
+    set_order = {s["name"]: i for i, s in enumerate(meta["sets"])}
+    merged = sorted(kept + rows, key=lambda r: set_order.get(r["set"], len(set_order)))
+    sets = meta["sets"] + [s for s in old_sets if s["name"] not in sizes]
+    return merged, {**meta, "sets": sets, "seconds": round(old.get("seconds", 0) + meta["seconds"], 2)}
+
+
 # ------------------------------------------------------------------ command
 
 def register(sub) -> None:
@@ -343,6 +366,9 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+    p.add_argument("--append", action="store_true",
+                   help="merge into OUTPUT/results.json of an earlier run (its other models stay, the "
+                        "plots show all); rows of the same set, model and setting are replaced")
     p.set_defaults(func=run)
 
 
@@ -418,6 +444,8 @@ def run(args) -> int:
         "device": str(device),
         "seconds": round(time.time() - started, 2),
     }
+    if args.append:
+        rows, meta = merge_previous(out / "results.json", rows, meta)
     pngs = write_outputs(out, rows, sets, meta)
     if not args.quiet:
         print(format_table(rows, not args.no_use_ref_len))

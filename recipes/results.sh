@@ -11,11 +11,13 @@ OUT="${1:-docs/results}"
 LIMIT="${LIMIT:-150}"
 SIMULSERVE="${SIMULSERVE:-.venv/bin/simulserve}"
 
-# wait-k at k = 1..9 (one multipath model); GMA: both shipped models at δ = 1 and 2; offline greedy
-"$SIMULSERVE" evaluate -m gma_delta1 -m gma_delta2 -m waitk -m offline \
-  --label "GMA, trained δ=1" --label "GMA, trained δ=2" --label wait-k --label offline \
-  --k 1,3,5,7,9 --delta 1,2 --data data/de-en --sets bible,libreoffice,ddtp --limit "$LIMIT" \
-  --batch-size 32 --threads 2 -o "$OUT"
+COMMON=(--data data/de-en --sets bible,libreoffice,ddtp --limit "$LIMIT" --batch-size 32 --threads 2 -o "$OUT")
+# GMA: both shipped models at δ = 1 and 2; then wait-k at k = 1..9 (one multipath model); offline greedy.
+# Separate runs merged with --append (the plots show all), so a part can be redone alone.
+"$SIMULSERVE" evaluate -m gma_delta1 -m gma_delta2 --label "GMA, trained δ=1" --label "GMA, trained δ=2" \
+  --delta 1,2 "${COMMON[@]}"
+"$SIMULSERVE" evaluate -m waitk --label wait-k --k 1,3,5,7,9 --append "${COMMON[@]}"
+"$SIMULSERVE" evaluate -m offline --label offline --append "${COMMON[@]}"
 
 # one test-set verse: cross-attention of every decoder layer, GMA's p_i and the READ/WRITE path
 "$SIMULSERVE" plot-alignment -m gma_delta1 --layer all \

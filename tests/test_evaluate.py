@@ -144,6 +144,26 @@ def test_evaluate_data_directory_shortcut(trained, tmp_path):
     assert [s["name"] for s in res["sets"]] == ["test.beta"]
 
 
+def test_evaluate_append_equals_one_run(trained, tmp_path):
+    """Two --append runs (wait-k, then GMA and wait-k again) give the rows of one run over both."""
+    a = write_set(tmp_path, "setA", SET_A[:5])
+    common = ["--source", str(a[0]), "--reference", str(a[1]), "--quiet", "--device", "cpu"]
+    gma, waitk = str(trained["gma"]), str(trained["waitk"])
+    assert main(["evaluate", "-m", gma, "-m", waitk, "--k", "1,3", "-o", str(tmp_path / "one"), *common]) == 0
+    assert main(["evaluate", "-m", waitk, "--k", "1", "-o", str(tmp_path / "two"), "--append", *common]) == 0
+    assert main(["evaluate", "-m", gma, "-m", waitk, "--k", "1,3", "-o", str(tmp_path / "two"), "--append",
+                 *common]) == 0
+    one = json.loads((tmp_path / "one" / "results.json").read_text())["results"]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())["results"]
+    key = lambda r: (r["set"], r["model"], r["setting"])  # noqa: E731
+    assert sorted(map(key, two)) == sorted(map(key, one)) and len(two) == 3
+    for r1, r2 in zip(sorted(one, key=key), sorted(two, key=key)):
+        assert (r1["BLEU"], r1["simuleval"], r1["paper"]) == (r2["BLEU"], r2["simuleval"], r2["paper"])
+    # other scoring options cannot be merged
+    assert main(["evaluate", "-m", waitk, "-o", str(tmp_path / "two"), "--append", "--no-use-ref-len",
+                 *common]) == 2
+
+
 # ------------------------------------------------------------- bad input
 
 def bad_inputs(tmp: Path, trained) -> dict:
