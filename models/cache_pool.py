@@ -6,6 +6,12 @@ keys) lives here, in preallocated tensors indexed by slot, so that a batched
 step gathers every stream's cache with one index per tensor instead of
 concatenating per-stream tensors. Slots are recycled when a stream ends; the
 pool grows by doubling when it runs out.
+
+Layout (layers, slots, heads, positions, head_dim), layer first: a layer's
+gathered cache is then one contiguous (B, H, length, dk) block, which
+index_select fills with plain row copies and attention multiplies without
+another transposing copy (measured: 4x faster than indexing slot-major
+tensors; see README, *Engine benchmark*).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ class CachePool:
 
     def _empty(self, name: str, n: int) -> torch.Tensor:
         c = self.cfg
-        return torch.zeros(n, self.layers[name], c.n_heads, c.max_positions, c.head_dim,
+        return torch.zeros(self.layers[name], n, c.n_heads, c.max_positions, c.head_dim,
                            device=self.device, dtype=self.dtype)
 
     @property
@@ -40,7 +46,7 @@ class CachePool:
         return self.capacity - len(self.free)
 
     def bytes_per_slot(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.tensors.values())
+        return sum(t[:, 0].numel() * t.element_size() for t in self.tensors.values())
 
     def allocate(self) -> int:
         if not self.free:
@@ -55,7 +61,7 @@ class CachePool:
     def _grow(self, capacity: int) -> None:
         for name, t in self.tensors.items():
             bigger = self._empty(name, capacity)
-            bigger[: self.capacity] = t
+            bigger[:, : self.capacity] = t
             self.tensors[name] = bigger
         self.free = list(range(capacity - 1, self.capacity - 1, -1)) + self.free
         self.capacity = capacity
@@ -65,12 +71,11 @@ class CachePool:
 
         One slot (a lone stream) gets a view, not a copy: callers only read it (the model
         clones what it writes into)."""
+        t = self.tensors[name][:, :, :, : max(length, 1)]
         if slots.numel() == 1:
             i = int(slots[0])
-            t = self.tensors[name][i:i + 1, :, :, : max(length, 1)]
-        else:
-            t = self.tensors[name][slots, :, :, : max(length, 1)]
-        return [t[:, layer] for layer in range(t.shape[1])]
+            return [t[layer, i:i + 1] for layer in range(t.shape[0])]
+        return [t[layer].index_select(0, slots) for layer in range(t.shape[0])]
 
     def gather_kv(self, prefix: str, slots: torch.Tensor, length: int):
         """Per layer (k, v) pairs for `enc`, `cross` or `dec`."""
@@ -79,4 +84,4 @@ class CachePool:
     def write(self, name: str, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               values: torch.Tensor) -> None:
         """values (M, H, dk) go to (slots[m], layer, :, positions[m])."""
-        self.tensors[name][slots, layer, :, positions] = values.to(self.dtype)
+        self.tensors[name][layer][slots, :, positions] = values.to(self.dtype)

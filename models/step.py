@@ -240,6 +240,7 @@ class StreamingDecoder:
                 # EOS before the source has ended is a READ (the reference agents' rule): a
                 # translation ends with its sentence, not while the speaker is still talking
                 read[r], need[r] = True, s.available + 1
+        keep = torch.tensor([not r for r in read], device=dev)  # only WRITEs keep their decoder keys
         for layer, (kk, vv) in enumerate(new_kv):
             self.pool.write("dec_k", layer, slots[keep], t[keep], kk[keep, :, 0])
             self.pool.write("dec_v", layer, slots[keep], t[keep], vv[keep, :, 0])

@@ -220,68 +220,70 @@ class Trainer:
         history = []
         stop = None
         interrupted = _StopOnSignal()
-        if self.rank == 0:
-            print(f"training {tc.output} from update {self.step}; Ctrl-C or SIGTERM saves and stops",
-                  file=sys.stderr, flush=True)
-        while self.epoch < tc.max_epochs and stop is None:
-            batches = make_batches(self.train_ex, tc.max_tokens, tc.seed, self.epoch)
-            batches = batches[: len(batches) - len(batches) % self.world or None][self.rank::self.world]
-            bar = tqdm(total=len(batches), initial=self.position, disable=not self.progress or self.rank != 0,
-                       desc=f"epoch {self.epoch + 1}", unit="batch", dynamic_ncols=True)
-            run_loss, run_tok = 0.0, 0
-            win_loss, win_tok = 0.0, 0
-            for idx in batches[self.position:]:
-                batch = collate(self.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, self.device)
-                k = sample_k(tc.seed, self.step, batch[0].shape[1]) if cfg.attention == "waitk" else None
-                self.step += 1
-                lr = inverse_sqrt_lr(self.step, tc.lr, tc.warmup)
-                for g in self.opt.param_groups:
-                    g["lr"] = lr
-                with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                    loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing)
-                self.opt.zero_grad(set_to_none=True)
-                self.scaler.scale(loss / max(ntok, 1)).backward()
-                self.scaler.step(self.opt)
-                self.scaler.update()
-                self.position += 1
-                run_loss += float(loss.detach())
-                run_tok += ntok
-                bar.update(1)
-                win_loss += float(loss.detach())
-                win_tok += ntok
-                if self.step % LOG_EVERY == 0:
-                    # the mean of the last LOG_EVERY updates: a learning curve that survives restarts
-                    self._log_updates({"step": self.step, "loss": round(win_loss / max(win_tok, 1), 4),
-                                       "lr": lr, "tokens": win_tok, "epoch": self.epoch + 1})
-                    bar.set_postfix(loss=f"{win_loss / max(win_tok, 1):.3f}", lr=f"{lr:.2e}", step=self.step)
-                    win_loss, win_tok = 0.0, 0
-                minutes = (time.monotonic() - start) / 60
-                if tc.max_steps and self.step >= tc.max_steps:
-                    stop = "max_steps"
-                elif tc.max_minutes and minutes >= tc.max_minutes:
-                    stop = "max_minutes"
-                elif interrupted.signal:
-                    stop = interrupted.signal
-                if stop:
-                    break
-                if (time.monotonic() - last_save) / 60 >= tc.save_every_minutes:
-                    self.save_state()
-                    if self.rank == 0 and not self.epoch:  # a usable checkpoint before epoch 1 ends
-                        self.export()
-                    last_save = time.monotonic()
-            bar.close()
-            if self.position >= len(batches):
-                self.epoch += 1
-                self.position = 0
-                rec = {"epoch": self.epoch, "step": self.step, "train_loss": run_loss / max(run_tok, 1),
-                       "valid_loss": self.validate(), "minutes": round((time.monotonic() - start) / 60, 2)}
-                history.append(rec)
-                if self.rank == 0:
-                    self._end_of_epoch(rec)
-            self.save_state()
-            if stop and self.rank == 0 and not self.epoch:  # keep the checkpoint as fresh as the state
-                self.export()
-        interrupted.restore()
+        try:  # the handlers go back even if an update raises
+            if self.rank == 0:
+                print(f"training {tc.output} from update {self.step}; Ctrl-C or SIGTERM saves and stops",
+                      file=sys.stderr, flush=True)
+            while self.epoch < tc.max_epochs and stop is None:
+                batches = make_batches(self.train_ex, tc.max_tokens, tc.seed, self.epoch)
+                batches = batches[: len(batches) - len(batches) % self.world or None][self.rank::self.world]
+                bar = tqdm(total=len(batches), initial=self.position, disable=not self.progress or self.rank != 0,
+                           desc=f"epoch {self.epoch + 1}", unit="batch", dynamic_ncols=True)
+                run_loss, run_tok = 0.0, 0
+                win_loss, win_tok = 0.0, 0
+                for idx in batches[self.position:]:
+                    batch = collate(self.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, self.device)
+                    k = sample_k(tc.seed, self.step, batch[0].shape[1]) if cfg.attention == "waitk" else None
+                    self.step += 1
+                    lr = inverse_sqrt_lr(self.step, tc.lr, tc.warmup)
+                    for g in self.opt.param_groups:
+                        g["lr"] = lr
+                    with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                        loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing)
+                    self.opt.zero_grad(set_to_none=True)
+                    self.scaler.scale(loss / max(ntok, 1)).backward()
+                    self.scaler.step(self.opt)
+                    self.scaler.update()
+                    self.position += 1
+                    run_loss += float(loss.detach())
+                    run_tok += ntok
+                    bar.update(1)
+                    win_loss += float(loss.detach())
+                    win_tok += ntok
+                    if self.step % LOG_EVERY == 0:
+                        # the mean of the last LOG_EVERY updates: a learning curve that survives restarts
+                        self._log_updates({"step": self.step, "loss": round(win_loss / max(win_tok, 1), 4),
+                                           "lr": lr, "tokens": win_tok, "epoch": self.epoch + 1})
+                        bar.set_postfix(loss=f"{win_loss / max(win_tok, 1):.3f}", lr=f"{lr:.2e}", step=self.step)
+                        win_loss, win_tok = 0.0, 0
+                    minutes = (time.monotonic() - start) / 60
+                    if tc.max_steps and self.step >= tc.max_steps:
+                        stop = "max_steps"
+                    elif tc.max_minutes and minutes >= tc.max_minutes:
+                        stop = "max_minutes"
+                    elif interrupted.signal:
+                        stop = interrupted.signal
+                    if stop:
+                        break
+                    if (time.monotonic() - last_save) / 60 >= tc.save_every_minutes:
+                        self.save_state()
+                        if self.rank == 0 and not self.epoch:  # a usable checkpoint before epoch 1 ends
+                            self.export()
+                        last_save = time.monotonic()
+                bar.close()
+                if self.position >= len(batches):
+                    self.epoch += 1
+                    self.position = 0
+                    rec = {"epoch": self.epoch, "step": self.step, "train_loss": run_loss / max(run_tok, 1),
+                           "valid_loss": self.validate(), "minutes": round((time.monotonic() - start) / 60, 2)}
+                    history.append(rec)
+                    if self.rank == 0:
+                        self._end_of_epoch(rec)
+                self.save_state()
+                if stop and self.rank == 0 and not self.epoch:  # keep the checkpoint as fresh as the state
+                    self.export()
+        finally:
+            interrupted.restore()
         if self.world > 1:
             dist.barrier()
         return {"step": self.step, "epoch": self.epoch, "stopped": stop or "max_epochs", "history": history,
