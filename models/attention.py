@@ -52,9 +52,17 @@ class MultiHeadAttention(nn.Module):
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
 
-    def attend(self, q, k, v, allowed: torch.Tensor, prior: torch.Tensor | None = None):
-        """q (B,H,T,dk), k/v (B,H,S,dk), allowed (B,T,S) bool -> output (B,T,d), weights (B,H,T,S)."""
+    def attend(self, q, k, v, allowed: torch.Tensor, prior: torch.Tensor | None = None, fresh=None):
+        """q (B,H,T,dk), k/v (B,H,S,dk), allowed (B,T,S) bool -> output (B,T,d), weights (B,H,T,S).
+
+        fresh: (k2, v2, allowed2) keys computed in this very call (incremental paths), attended
+        after the cached k/v. Keeping them apart spares copying the whole cache into a new
+        buffer just to write a few keys into it; the weights are then (B,H,T,S+S2)."""
         logits = torch.matmul(q, k.transpose(-1, -2))
+        if fresh is not None:
+            k2, v2, allowed2 = fresh
+            logits = torch.cat([logits, torch.matmul(q, k2.transpose(-1, -2))], -1)
+            allowed = torch.cat([allowed, allowed2], -1)
         logits = logits.masked_fill(~allowed.unsqueeze(1), NEG_INF)
         # rows with nothing allowed (padding) give zeros instead of NaN
         any_allowed = allowed.any(-1, keepdim=True).unsqueeze(1)
@@ -63,7 +71,12 @@ class MultiHeadAttention(nn.Module):
         if prior is not None:
             weights = gma.apply_prior(weights, prior)
         w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
-        return self.out_proj(self.merge(torch.matmul(w, v))), weights
+        if fresh is None:
+            h = torch.matmul(w, v)
+        else:
+            s = k.shape[2]
+            h = torch.matmul(w[..., :s], v) + torch.matmul(w[..., s:], v2)
+        return self.out_proj(self.merge(h)), weights
 
 
 def visible_mask(n_visible: torch.Tensor, src_len: int) -> torch.Tensor:

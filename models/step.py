@@ -199,7 +199,7 @@ class StreamingDecoder:
         bi, ii = valid.nonzero(as_tuple=True)
         pos = start[bi] + ii
         if self.cfg.causal_encoder:
-            caches = self.pool.gather_kv("enc", slots, int((start + n_new).max()))
+            caches = self.pool.gather_kv("enc", slots, int(start.max()))
             enc, new_kv = self.model.encode_chunk(tokens, start, n_new, caches)
             for layer, (k, v) in enumerate(new_kv):
                 self.pool.write("enc_k", layer, slots[bi], pos, k[bi, :, ii])
@@ -226,7 +226,7 @@ class StreamingDecoder:
             delta = torch.tensor([s.policy.delta for s in states], device=dev, dtype=torch.float32)
             running = torch.tensor([s.gma_running for s in states], device=dev, dtype=torch.float32)
         hidden, new_kv, info = self.model.decode_step(
-            prev, t, self.pool.gather_kv("dec", slots, int(t.max()) + 1),
+            prev, t, self.pool.gather_kv("dec", slots, int(t.max())),
             self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running)
         read = info["read"].tolist()
         need = info["need"].tolist()

@@ -51,9 +51,10 @@ class EncoderLayer(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.dropout = cfg.dropout
 
-    def forward(self, x, k, v, allowed):
-        """x (B,T,d); k/v (B,H,S,dk) keys of this layer's input (x's own keys included)."""
-        h, _ = self.self_attn.attend(self.self_attn.query(x), k, v, allowed)
+    def forward(self, x, k, v, allowed, fresh=None):
+        """x (B,T,d); k/v (B,H,S,dk) keys of this layer's input (x's own keys included, or
+        passed apart as `fresh`, see MultiHeadAttention.attend)."""
+        h, _ = self.self_attn.attend(self.self_attn.query(x), k, v, allowed, fresh=fresh)
         x = self.ln1(x + F.dropout(h, self.dropout, self.training))
         return self.ln2(x + F.dropout(self.ffn(x), self.dropout, self.training))
 
@@ -70,8 +71,8 @@ class DecoderLayer(nn.Module):
         self.step_predictor = gma.StepPredictor(cfg.d_model) if cfg.attention == "gma" else None
         self.dropout = cfg.dropout
 
-    def self_block(self, x, k, v, allowed):
-        h, _ = self.self_attn.attend(self.self_attn.query(x), k, v, allowed)
+    def self_block(self, x, k, v, allowed, fresh=None):
+        h, _ = self.self_attn.attend(self.self_attn.query(x), k, v, allowed, fresh=fresh)
         return self.ln1(x + F.dropout(h, self.dropout, self.training))
 
     def cross_block(self, x, q, k, v, allowed, prior):
@@ -170,24 +171,24 @@ class Transformer(nn.Module):
         """Encode new source tokens of a causal encoder.
 
         tokens (B,N) new tokens (right-padded), start (B,) how many were encoded
-        before, n_new (B,) valid new tokens, caches: per layer (k, v) buffers
-        (B,H,S',dk) holding the earlier keys at [0, start) (S' >= start + n_new).
-        Returns the new states (B,N,d) and per layer the new (k, v) (B,H,N,dk).
+        before, n_new (B,) valid new tokens, caches: per layer (k, v) (B,H,S',dk)
+        holding the earlier keys at [0, start) (S' >= max(start), at least 1; the
+        caches are only read). Returns the new states (B,N,d) and per layer the
+        new (k, v) (B,H,N,dk).
         """
         b, n = tokens.shape
-        pos = start.view(-1, 1) + torch.arange(n, device=tokens.device).view(1, -1)
-        valid = torch.arange(n, device=tokens.device).view(1, -1) < n_new.view(-1, 1)
-        bi, ii = valid.nonzero(as_tuple=True)
+        dev = tokens.device
+        pos = start.view(-1, 1) + torch.arange(n, device=dev).view(1, -1)
         x = self.embed_tokens(tokens, pos.clamp_max(self.cfg.max_positions - 1))
-        allowed = causal_mask(pos, start + n_new)
+        # every earlier key is visible to every new token; new tokens see each other causally
+        cached = (torch.arange(caches[0][0].shape[2], device=dev).view(1, 1, -1) < start.view(-1, 1, 1)).expand(b, n, -1)
+        i = torch.arange(n, device=dev)
+        fresh = (i.view(1, 1, -1) <= i.view(1, -1, 1)) & (i.view(1, 1, -1) < n_new.view(-1, 1, 1))
         new_kv = []
         for layer, (kb, vb) in zip(self.encoder, caches):
             k, v = layer.self_attn.keys_values(x)
-            kb, vb = kb[:, :, : allowed.shape[-1]].clone(), vb[:, :, : allowed.shape[-1]].clone()
-            kb[bi, :, pos[bi, ii]] = k[bi, :, ii]
-            vb[bi, :, pos[bi, ii]] = v[bi, :, ii]
             new_kv.append((k, v))
-            x = layer(x, kb, vb, allowed)
+            x = layer(x, kb, vb, cached, fresh=(k, v, fresh))
         return x, new_kv
 
     def decode_step(self, tokens, t, self_caches, cross_caches, avail, finished,
@@ -195,7 +196,8 @@ class Transformer(nn.Module):
         """One decoder position for a batch of streams.
 
         tokens (B,) previous target token, t (B,) its position, self_caches per layer
-        (k, v) (B,H,T',dk) with T' > max(t), cross_caches per layer (k, v) (B,H,S',dk),
+        (k, v) (B,H,T',dk) holding the earlier keys at [0, t) (T' >= max(t), at least 1; only
+        read), cross_caches per layer (k, v) (B,H,S',dk),
         avail (B,) source positions received (EOS included once finished), finished (B,)
         bool, k (B,) wait-k lags, delta (B,) GMA offsets, running (B,L) GMA Σ Δp.
         Returns the top hidden state (B,d) (`logits()` turns it into scores), new self
@@ -207,18 +209,16 @@ class Transformer(nn.Module):
         b = tokens.shape[0]
         tt = t.view(-1, 1)
         x = self.embed_tokens(tokens.view(-1, 1), tt)
-        self_allowed = causal_mask(tt, t + 1)
+        # earlier keys come from the cache, this position's own key is attended apart
+        cached = torch.arange(self_caches[0][0].shape[2], device=t.device).view(1, 1, -1) < tt.unsqueeze(-1)
+        own = torch.ones(b, 1, 1, dtype=torch.bool, device=t.device)
         read = torch.zeros(b, dtype=torch.bool, device=tokens.device)
         need = torch.zeros(b, dtype=torch.long, device=tokens.device)
         new_kv, ps, sums, attn, ns = [], [], [], [], []
-        rows = torch.arange(b, device=tokens.device)
         for li, (layer, (kb, vb), (ck, cv)) in enumerate(zip(self.decoder, self_caches, cross_caches)):
             sk, sv = layer.self_attn.keys_values(x)
-            kb, vb = kb[:, :, : self_allowed.shape[-1]].clone(), vb[:, :, : self_allowed.shape[-1]].clone()
-            kb[rows, :, t] = sk[:, :, 0]
-            vb[rows, :, t] = sv[:, :, 0]
             new_kv.append((sk, sv))
-            x = layer.self_block(x, kb, vb, self_allowed)
+            x = layer.self_block(x, kb, vb, cached, fresh=(sk, sv, own))
             q = layer.cross_attn.query(x)
             run = None if running is None else running[:, li]
             n, p, total = self.cross_window(layer, q, tt, avail, k, delta, run)
