@@ -59,7 +59,8 @@ class ServerState:
                 model, tok, _ = await asyncio.to_thread(load_checkpoint, path, device)
                 eng = ModelEngine(name, StreamingDecoder(model, tok), metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
-                                  batch_window_ms=s.batch_window_ms, max_k=s.max_k, max_delta=s.max_delta,
+                                  batch_window_ms=s.batch_window_ms, continuations=s.continuations,
+                                  max_k=s.max_k, max_delta=s.max_delta,
                                   max_output_messages=s.max_output_messages)
                 if s.warmup:
                     await asyncio.to_thread(eng.warmup)

@@ -46,6 +46,7 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
     p.add_argument("--server-threads", type=int, help="torch threads of the started server")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
+    p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
     p.add_argument("--max-words", type=int, default=30, help="skip longer source sentences")
     p.add_argument("--wpm", type=float, default=150.0, help="speaking rate of each simulated speaker")
@@ -80,6 +81,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         cmd += ["--torch-threads", str(args.server_threads)]
     if args.batch_window_ms is not None:
         cmd += ["--batch-window-ms", str(args.batch_window_ms)]
+    if args.continuations is not None:
+        cmd += ["--continuations", str(args.continuations)]
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, cwd=root, env=env)

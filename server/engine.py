@@ -31,7 +31,6 @@ from models.stream import READ, WRITE, StreamError, StreamState, TargetWord
 from server.protocol import error as _error
 
 log = logging.getLogger("simulserve.engine")
-CONTINUATIONS = 3  # extra steps per job for streams that sent nothing yet (see _execute)
 _ids = itertools.count(1)
 
 
@@ -65,11 +64,11 @@ class StreamHandle:
 
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,
-                 batch_window_ms: float = 2.0, max_k: int = 32, max_delta: float = 16.0,
-                 max_output_messages: int = 20000):
+                 batch_window_ms: float = 2.0, continuations: int = 3, max_k: int = 32,
+                 max_delta: float = 16.0, max_output_messages: int = 20000):
         self.name, self.dec, self.cfg, self.tok = name, decoder, decoder.cfg, decoder.tok
         self.metrics = metrics
-        self.max_batch, self.window = max_batch, batch_window_ms / 1000
+        self.max_batch, self.window, self.continuations = max_batch, batch_window_ms / 1000, continuations
         self.max_k, self.max_delta, self.max_output = max_k, max_delta, max_output_messages
         self.handles: dict[int, StreamHandle] = {}
         self._to_close: list[StreamState] = []
@@ -253,7 +252,7 @@ class ModelEngine:
         # of a piece that completes no word yet) is stepped again in the same job: its actions
         # are unchanged, only their grouping into jobs, and a round trip through the scheduler
         # is saved. A stream that released a word is not: the word goes to the client first.
-        for _ in range(CONTINUATIONS + 1):
+        for _ in range(self.continuations + 1):
             if not stepping:
                 break
             t0 = time.perf_counter()

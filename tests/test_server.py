@@ -207,6 +207,20 @@ def test_http_endpoints(server):
 @pytest.mark.parametrize("policy", ["offline", "waitk", "gma"])
 def test_stream_equals_translate(policy, server, reference):
     """For every policy and setting: streamed words and delays equal `simulserve translate`."""
+    check_stream_equals_translate(server.url, policy, reference)
+
+
+def test_one_step_per_job_streams_the_same(trained, reference):
+    """`continuations 0` (every step a scheduler job of its own) gives the same words and delays
+    as the default, where a stream that sent nothing yet is stepped again within its job."""
+    with LiveServer(models={p: str(path) for p, path in trained.items()}, continuations=0,
+                    rate_limit=10000, rate_burst=10000) as srv:
+        for policy in SETTINGS:
+            check_stream_equals_translate(srv.url, policy, reference)
+        assert srv.metric("simulserve_step_seconds_count", model="gma") > 0
+
+
+def check_stream_equals_translate(url, policy, reference):
     sentences = [s for s, _ in make_pairs(6, min_len=1, max_len=9, seed=11)] + LONG
 
     async def main():
@@ -214,7 +228,7 @@ def test_stream_equals_translate(policy, server, reference):
         for setting in SETTINGS[policy]:
             msgs = [{"type": "start", "model": policy, **setting}] + sentence_messages(sentences) \
                 + [{"type": "end_stream"}]
-            runs.append(talk(server.url, msgs))
+            runs.append(talk(url, msgs))
         return await asyncio.gather(*runs)
 
     for setting, (received, code) in zip(SETTINGS[policy], asyncio.run(main())):
