@@ -21,7 +21,7 @@ FLAGS = {
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
     "--continuations": ("continuations", {"type": int, "help": "extra steps per job for streams that sent "
-                                                               "nothing yet (default 3; 0: one step per job)"}),
+                                                               "nothing yet (default 0: one step per job)"}),
     "--max-streams": ("max_streams", {"type": int, "help": "concurrent streams (default 512)"}),
     "--max-message-bytes": ("max_message_bytes", {"type": int}),
     "--max-words-per-sentence": ("max_words_per_sentence", {"type": int}),

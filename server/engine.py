@@ -64,7 +64,7 @@ class StreamHandle:
 
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,
-                 batch_window_ms: float = 2.0, continuations: int = 3, max_k: int = 32,
+                 batch_window_ms: float = 2.0, continuations: int = 0, max_k: int = 32,
                  max_delta: float = 16.0, max_output_messages: int = 20000):
         self.name, self.dec, self.cfg, self.tok = name, decoder, decoder.cfg, decoder.tok
         self.metrics = metrics
@@ -248,10 +248,10 @@ class ModelEngine:
                 self._fail(h, events[h.id], e)
         stepping = [h for h in batch if h.state is not None and not h.state.blocked and not h.state.done]
         steps: list[tuple[int, float]] = []   # (batch size, seconds) of each step of this job
-        # A stream whose step sent nothing to its client (a READ that took new input, or a WRITE
-        # of a piece that completes no word yet) is stepped again in the same job: its actions
-        # are unchanged, only their grouping into jobs, and a round trip through the scheduler
-        # is saved. A stream that released a word is not: the word goes to the client first.
+        # With continuations > 0, a stream whose step sent nothing to its client (a READ that took
+        # new input, or a WRITE of a piece that completes no word yet) is stepped again in the same
+        # job: its actions are unchanged, only their grouping into jobs. Off by default: on CPU
+        # the longer jobs delayed the other streams more than the saved round trips gained.
         for _ in range(self.continuations + 1):
             if not stepping:
                 break

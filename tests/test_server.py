@@ -210,10 +210,10 @@ def test_stream_equals_translate(policy, server, reference):
     check_stream_equals_translate(server.url, policy, reference)
 
 
-def test_one_step_per_job_streams_the_same(trained, reference):
-    """`continuations 0` (every step a scheduler job of its own) gives the same words and delays
-    as the default, where a stream that sent nothing yet is stepped again within its job."""
-    with LiveServer(models={p: str(path) for p, path in trained.items()}, continuations=0,
+def test_continued_steps_stream_the_same(trained, reference):
+    """`continuations 3` (a stream that sent nothing yet is stepped again within its job) gives
+    the same words and delays as the default, where every step is a scheduler job of its own."""
+    with LiveServer(models={p: str(path) for p, path in trained.items()}, continuations=3,
                     rate_limit=10000, rate_burst=10000) as srv:
         for policy in SETTINGS:
             check_stream_equals_translate(srv.url, policy, reference)
