@@ -290,6 +290,24 @@ def format_table(rows: list[dict], use_ref_len: bool) -> str:
     return "\n".join(lines)
 
 
+def markdown_tables(rows: list[dict], sets: list[dict]) -> str:
+    """The same figures as format_table, as one markdown table per test set (the README's)."""
+    paper = ("AL", "AP", "DAL", "CW")
+    sizes = {s["name"]: s["sentences"] for s in sets}
+    out = []
+    for name in dict.fromkeys(r["set"] for r in rows):
+        out += [f"**{name}** ({sizes.get(name, '?')} sentences)", "",
+                "| model | setting | BLEU | " + " | ".join(METRICS) + " | "
+                + " | ".join(f"{m} (paper)" for m in paper) + " |",
+                "|---|---|" + "---:|" * (1 + len(METRICS) + len(paper))]
+        for r in (r for r in rows if r["set"] == name):
+            cells = [f"{r['BLEU']:.2f}"] + [f"{r['simuleval'][m]:.2f}" for m in METRICS] \
+                + [f"{r['paper'][m]:.2f}" for m in paper]
+            out.append(f"| {r['label']} | {r['setting'].replace('delta=', 'δ=')} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def write_outputs(out: Path, rows: list[dict], sets: list[TestSet], meta: dict) -> list[Path]:
     from agents.plots import bleu_latency_plot
 

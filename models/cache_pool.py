@@ -10,8 +10,7 @@ pool grows by doubling when it runs out.
 Layout (layers, slots, heads, positions, head_dim), layer first: a layer's
 gathered cache is then one contiguous (B, H, length, dk) block, which
 index_select fills with plain row copies and attention multiplies without
-another transposing copy (measured: 4x faster than indexing slot-major
-tensors; see README, *Engine benchmark*).
+another transposing copy.
 """
 from __future__ import annotations
 
@@ -69,8 +68,8 @@ class CachePool:
     def gather(self, name: str, slots: torch.Tensor, length: int) -> list[tuple[torch.Tensor, ...]]:
         """Per layer, the (B, H, length, dk) cache of the given slots.
 
-        One slot (a lone stream) gets a view, not a copy: callers only read it (the model
-        clones what it writes into)."""
+        One slot (a lone stream) gets a view, not a copy: the model only reads caches (its
+        new keys come back to the caller, which writes them with `write`)."""
         t = self.tensors[name][:, :, :, : max(length, 1)]
         if slots.numel() == 1:
             i = int(slots[0])

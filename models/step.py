@@ -32,8 +32,8 @@ class StreamingDecoder:
         self.device = p.device
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
         # the output projection as a (d, V) matrix in row order: a few rows times it run
-        # faster than F.linear's transposed (V, d) product here (8000-piece vocabulary: ~1.4x at
-        # 1 row, ~1.3x at 64). A copy of inference weights only: the decoder never trains.
+        # faster on CPU than F.linear's transposed (V, d) product. A copy of inference
+        # weights only: the decoder never trains.
         self.out_weight = model.embed.weight.detach().t().contiguous()
 
     # ---- stream life cycle ------------------------------------------------

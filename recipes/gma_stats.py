@@ -27,11 +27,12 @@ def main(checkpoint: str = "gma_delta1", source: str = "data/de-en/test.de", n: 
     results, states = simulate(StreamingDecoder(model, tok), lines, batch_size=32, record=True)
     layers = model.cfg.decoder_layers
     steps = [[] for _ in range(layers)]
-    even, tail_share, end_pos = [], [], [[] for _ in range(layers)]
+    even, tail_share, tails, end_pos = [], [], [], [[] for _ in range(layers)]
     for r, s in zip(results, states):
         full = r.source_subwords + 1
         even.append(full / r.target_tokens)
-        tail_share.append(sum(d == full for d in r.token_delays) / r.target_tokens)
+        tails.append(sum(d == full for d in r.token_delays))  # pieces (EOS included) after the source ended
+        tail_share.append(tails[-1] / r.target_tokens)
         ps = [rec["p"] for rec in s.record]
         live = [i for i, d in enumerate(r.token_delays[: len(ps)]) if d < full]
         for layer in range(layers):
@@ -41,6 +42,10 @@ def main(checkpoint: str = "gma_delta1", source: str = "data/de-en/test.de", n: 
     print(f"{checkpoint}: {len(lines)} sentences of {source}")
     print(f"evenly advancing alignment: {statistics.mean(even):.2f} source pieces per target piece")
     print(f"share of each translation written after the source ended: {100 * statistics.mean(tail_share):.0f}%")
+    tails.sort()
+    q = {p: tails[min(len(tails) - 1, int(p / 100 * len(tails)))] for p in (50, 90, 99)}
+    print(f"target pieces written after the source ended: mean {statistics.mean(tails):.1f}, p50 {q[50]}, "
+          f"p90 {q[90]}, p99 {q[99]}, max {tails[-1]}")
     print("| layer | mean Δp while the source arrives | p at the last live piece / (|x| + EOS) |")
     print("|---:|---:|---:|")
     for layer in range(layers):

@@ -3,7 +3,7 @@
 # and one GMA alignment picture.
 #
 #   bash recipes/results.sh [OUT]        # default OUT=docs/results; LIMIT=N sentences per test set
-#                                        # (default: all 1,851; ~30 min measured, see README)
+#                                        # (default: all 1,851; ~26 min measured in parts, see README)
 #
 # Needs `simulserve prepare-data --out data/de-en` first (the test sets) and the shipped models.
 set -euo pipefail

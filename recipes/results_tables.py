@@ -9,25 +9,15 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-METRICS = ("AL", "LAAL", "AP", "DAL", "CW")
-PAPER = ("AL", "AP", "DAL", "CW")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agents.evaluate import markdown_tables  # noqa: E402
 
 
 def main(path: str) -> None:
     d = json.loads(open(path, encoding="utf-8").read())
-    sizes = {s["name"]: s["sentences"] for s in d["sets"]}
-    for name in dict.fromkeys(r["set"] for r in d["results"]):
-        print(f"**{name}** ({sizes.get(name, '?')} sentences)\n")
-        print("| model | setting | BLEU | " + " | ".join(METRICS) + " | "
-              + " | ".join(f"{m} (paper)" for m in PAPER) + " |")
-        print("|---|---|" + "---:|" * (1 + len(METRICS) + len(PAPER)))
-        for r in (r for r in d["results"] if r["set"] == name):
-            cells = [f"{r['BLEU']:.2f}"] + [f"{r['simuleval'][m]:.2f}" for m in METRICS] \
-                + [f"{r['paper'][m]:.2f}" for m in PAPER]
-            setting = r['setting'].replace('delta=', 'δ=')
-            print(f"| {r['label']} | {setting} | " + " | ".join(cells) + " |")
-        print()
+    print(markdown_tables(d["results"], d["sets"]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
                                 (new input, or a policy that is not waiting),
                                 after an idle spell wait ≤ batch_window_ms for more
     executor (one thread)     : apply the queued commands, run ONE batched
-                                StreamingDecoder.step() for all of them, free the
+                                StreamingDecoder.step() for all of them (more only
+                                with the `continuations` setting), free the
                                 slots of finished sentences and closed streams
     scheduler                 : route each stream's words/sentence results to its queue
 

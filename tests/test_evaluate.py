@@ -116,6 +116,23 @@ def test_evaluate_writes_table_json_csv_matching_the_latency_module(evaluation_r
     assert first["source"] == SET_A[0][0] and first["reference"] == SET_A[0][1]
 
 
+def test_markdown_tables_hold_the_results_rows(evaluation_run):
+    """The README's tables (recipes/results_tables.py): one per set, one line per row, both conventions."""
+    from agents.evaluate import markdown_tables
+    code, _, out = evaluation_run
+    assert code == 0
+    d = json.loads((out / "results.json").read_text())
+    text = markdown_tables(d["results"], d["sets"])
+    for s in d["sets"]:
+        assert f"**{s['name']}** ({s['sentences']} sentences)" in text
+    lines = [line for line in text.splitlines() if line.startswith("| ") and "BLEU" not in line]
+    assert len(lines) == len(d["results"])
+    for line, r in zip(lines, d["results"]):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == f"{r['BLEU']:.2f}" and cells[3] == f"{r['simuleval']['AL']:.2f}"
+        assert cells[8] == f"{r['paper']['AL']:.2f}" and cells[-1] == f"{r['paper']['CW']:.2f}"
+
+
 def test_evaluate_draws_a_valid_bleu_al_png_per_set(evaluation_run):
     code, _, out = evaluation_run
     assert code == 0
