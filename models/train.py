@@ -51,6 +51,7 @@ class TrainConfig:
     max_minutes: float | None = None  # stop (and save) after this much time in this run
     save_every_minutes: float = 10.0
     average_last: int = 5
+    snapshot_every: int | None = None  # also keep OUTPUT/snapshots/stepNNNNNN every N updates (learning curves)
     seed: int = 1
     init_from: str | None = None      # fine-tune from this checkpoint directory
     threads: int | None = None
@@ -124,10 +125,12 @@ class Trainer:
         self.valid_ex = encode_pairs(valid_pairs or [], self.tok, self.cfg.max_positions)
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg).to(self.device)
+        self.init_steps = 0  # updates behind the weights this run started from (learning-curve x axis)
         if tc.init_from:
             from models.checkpoint import load_checkpoint
-            init, _, _ = load_checkpoint(tc.init_from)
+            init, _, info = load_checkpoint(tc.init_from)
             self._load_matching(init.state_dict())
+            self.init_steps = int(info.get("steps", 0)) + int(info.get("init_steps", 0))
         self.opt = torch.optim.Adam(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas), eps=1e-8)
         self.step, self.epoch, self.position = 0, 0, 0
         self.amp_dtype = None
@@ -221,6 +224,8 @@ class Trainer:
         stop = None
         interrupted = _StopOnSignal()
         try:  # the handlers go back even if an update raises
+            if tc.snapshot_every and self.step == 0 and self.rank == 0:
+                self.snapshot()  # the starting point of the learning curve
             if self.rank == 0:
                 print(f"training {tc.output} from update {self.step}; Ctrl-C or SIGTERM saves and stops",
                       file=sys.stderr, flush=True)
@@ -250,6 +255,8 @@ class Trainer:
                     bar.update(1)
                     win_loss += float(loss.detach())
                     win_tok += ntok
+                    if tc.snapshot_every and self.step % tc.snapshot_every == 0 and self.rank == 0:
+                        self.snapshot()
                     if self.step % LOG_EVERY == 0:
                         # the mean of the last LOG_EVERY updates: a learning curve that survives restarts
                         self._log_updates({"step": self.step, "loss": round(win_loss / max(win_tok, 1), 4),
@@ -308,13 +315,20 @@ class Trainer:
                   str(ep / f"epoch{self.epoch:03d}.safetensors"))
         self.export()
 
+    def snapshot(self) -> Path:
+        """The current (not averaged) weights as a checkpoint, kept for learning curves."""
+        info = {"steps": self.step, "init_steps": self.init_steps, "epochs": self.epoch, "averaged": [],
+                "train_config": asdict(self.tc)}
+        return save_checkpoint(self.out / "snapshots" / f"step{self.step:06d}", self.model, self.tok, info)
+
     def export(self) -> Path:
         """Average the last N epoch weights into OUTPUT/checkpoint (fp16)."""
         files = sorted((self.out / "epochs").glob("epoch*.safetensors"))[-self.tc.average_last:]
         # before the first epoch ends there is nothing to average: export the current weights
         model = Transformer(self.cfg)
         model.load_state_dict(average_weights(files) if files else self.model.state_dict())
-        info = {"steps": self.step, "epochs": self.epoch, "averaged": [f.name for f in files],
+        info = {"steps": self.step, "init_steps": self.init_steps, "epochs": self.epoch,
+                "averaged": [f.name for f in files],
                 "train_config": asdict(self.tc)}
         return save_checkpoint(self.out / "checkpoint", model, self.tok, info)
 

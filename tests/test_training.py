@@ -59,6 +59,28 @@ def test_loss_falls_and_epochs_are_logged(word_tok, tmp_path, monkeypatch):
     assert updates[-1]["loss"] < updates[0]["loss"] and all(u["tokens"] > 0 for u in updates)
 
 
+def test_snapshots_keep_the_weights_of_their_update(word_tok, tmp_path):
+    from models.checkpoint import load_checkpoint
+    _, result = run(word_tok, tmp_path, "gma", max_steps=25, max_epochs=10, snapshot_every=10)
+    snaps = sorted(p.name for p in (tmp_path / "snapshots").iterdir())
+    assert result["step"] == 25 and snaps == ["step000000", "step000010", "step000020"]
+    model, _, info = load_checkpoint(tmp_path / "snapshots" / "step000020")
+    assert info["steps"] == 20 and info["init_steps"] == 0
+    # the snapshot is the weights at update 20, not at the end of the run
+    _, _ = run(word_tok, tmp_path / "to20", "gma", max_steps=20, max_epochs=10)
+    at20 = load_file(str(tmp_path / "to20" / "train_state" / "model.safetensors"))
+    at25 = load_file(str(tmp_path / "train_state" / "model.safetensors"))
+    snap = model.state_dict()
+    name = next(k for k in sorted(at20) if at20[k].dim() == 2 and "embed" not in k)
+    torch.testing.assert_close(snap[name].float(), at20[name].float(), rtol=1e-3, atol=1e-3)
+    assert not torch.allclose(snap[name].float(), at25[name].float(), rtol=1e-3, atol=1e-3)
+    # fine-tuning from a snapshot counts its updates: the curve's x axis goes on from 20
+    run(word_tok, tmp_path / "tuned", "gma", max_steps=10, max_epochs=10, snapshot_every=10,
+        init_from=str(tmp_path / "snapshots" / "step000020"))
+    _, _, tuned = load_checkpoint(tmp_path / "tuned" / "snapshots" / "step000010")
+    assert (tuned["steps"], tuned["init_steps"]) == (10, 20)
+
+
 def test_average_weights_is_the_mean(tmp_path):
     save_file({"w": torch.tensor([1.0, 2.0])}, str(tmp_path / "a.safetensors"))
     save_file({"w": torch.tensor([3.0, 6.0])}, str(tmp_path / "b.safetensors"))
@@ -152,3 +174,29 @@ def test_distributed_training_with_two_gloo_processes(word_tok, tmp_path):
     n_batches = len(make_batches(single.train_ex, 256, 1, 0))
     assert log[0]["step"] == n_batches // 2  # each rank took half of the batches
     assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
+
+
+def test_learning_curves_recipe_evaluates_every_snapshot(word_tok, tmp_path):
+    """recipes/learning_curves.py: one row per snapshot and set, x axis in total updates
+    (a fine-tuned run goes on from its starting checkpoint's count), a drawn plot."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("learning_curves", ROOT / "recipes" / "learning_curves.py")
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    run(word_tok, tmp_path / "base", "gma", max_steps=20, max_epochs=10, snapshot_every=10)
+    run(word_tok, tmp_path / "tuned", "gma", max_steps=10, max_epochs=10, snapshot_every=5,
+        init_from=str(tmp_path / "base" / "snapshots" / "step000020"))
+    data = tmp_path / "data"
+    data.mkdir()
+    pairs = make_pairs(6, seed=9)
+    for lang, col in (("de", 0), ("en", 1)):
+        (data / f"valid.syn.{lang}").write_text("\n".join(p[col] for p in pairs) + "\n")
+    out = tmp_path / "curves"
+    lc.main([str(out), f"{tmp_path / 'base'}:delta=1:base", f"{tmp_path / 'tuned'}::tuned",
+             "--data", str(data), "--sets", "syn", "--limit", "4"])
+    rows = json.loads((out / "learning_curves.json").read_text())
+    assert [(r["label"], r["updates"]) for r in rows] == [
+        ("base", 0), ("base", 10), ("base", 20), ("tuned", 20), ("tuned", 25), ("tuned", 30)]
+    assert all(r["set"] == "valid.syn" and r["sentences"] == 4 for r in rows)
+    assert rows[0]["delta"] == 1.0 and "delta" not in rows[-1]
+    assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
