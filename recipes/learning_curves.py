@@ -83,8 +83,9 @@ def plot(rows: list[dict], path: Path) -> None:
         for label in dict.fromkeys(r["label"] for r in rows):
             mine = sorted((r for r in rows if r["set"] == st and r["label"] == label), key=lambda r: r["updates"])
             xs = [r["updates"] for r in mine]
-            for row, metric in enumerate(("BLEU", "AL")):
-                axes[row][col].plot(xs, [r[metric] for r in mine], marker="o", label=label)
+            axes[0][col].plot(xs, [r["BLEU"] for r in mine], marker="o", label=label)
+            if "k" in mine[0] or "delta" in mine[0]:  # an offline model's AL is just the sentence length
+                axes[1][col].plot(xs, [r["AL"] for r in mine], marker="o", label=label)
         axes[0][col].set_title(st)
         axes[1][col].set_xlabel("updates")
     axes[0][0].set_ylabel("BLEU")
@@ -99,14 +100,18 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("runs", nargs="+", help="RUN_DIR:SETTING:LABEL, e.g. runs/waitk_continue:k=5:wait-k k=5")
+    ap.add_argument("runs", nargs="*", help="RUN_DIR:SETTING:LABEL, e.g. runs/waitk_continue:k=5:wait-k k=5")
     ap.add_argument("--data", type=Path, default=Path("data/de-en"))
     ap.add_argument("--sets", default="bible,libreoffice,ddtp")
     ap.add_argument("--limit", type=int, default=200, help="sentences per validation set (default 200)")
+    ap.add_argument("--replot", action="store_true", help="only redraw OUT/learning_curves.png from its json")
     args = ap.parse_args(argv)
-    rows = evaluate([parse_run(r) for r in args.runs], args.data, args.sets.split(","), args.limit)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "learning_curves.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
+    if args.replot:
+        rows = json.loads((args.out / "learning_curves.json").read_text())
+    else:
+        rows = evaluate([parse_run(r) for r in args.runs], args.data, args.sets.split(","), args.limit)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "learning_curves.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
     plot(rows, args.out / "learning_curves.png")
     for r in rows:
         print(f"{r['label']:<14} {r['updates']:>6} {r['set']:<18} BLEU {r['BLEU']:6.2f}  AL {r['AL']:6.3f}")

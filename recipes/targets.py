@@ -5,7 +5,8 @@
 1. GMA above wait-k: at each GMA point, wait-k's BLEU interpolated linearly at the same AL
    (only where wait-k has points within ±0.5 AL on both sides or one within ±0.5).
 2. GMA at δ=1 streams: CW ≤ 2.
-3. GMA reaches ≥ 85% of offline BLEU at AL ≤ 5 words (the best GMA point with AL ≤ 5).
+3. GMA reaches ≥ 85% of offline BLEU at AL ≤ 5 words (the best GMA point with AL ≤ 5,
+   against the best offline row: beam search where it was evaluated).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def main(path: str) -> None:
     for st in dict.fromkeys(r["set"] for r in rows):
         mine = [r for r in rows if r["set"] == st]
         wk = [(r["simuleval"]["AL"], r["BLEU"]) for r in mine if r["policy"] == "waitk"]
-        off = [r["BLEU"] for r in mine if r["policy"] == "offline"]
+        # the offline reference is its best decoding (beam search where it was run)
+        off = sorted((r["BLEU"] for r in mine if r["policy"] == "offline"), reverse=True)
         print(f"{st}:")
         for r in (r for r in mine if r["policy"] == "gma"):
             al, bleu, cw = r["simuleval"]["AL"], r["BLEU"], r["simuleval"]["CW"]
