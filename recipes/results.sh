@@ -3,7 +3,7 @@
 # and one GMA alignment picture.
 #
 #   bash recipes/results.sh [OUT]        # default OUT=docs/results; LIMIT=N sentences per test set
-#                                        # (default: all 1,851; ~26 min measured in parts, see README)
+#                                        # (default: all 1,851; ~35 min measured in parts, see README)
 #
 # Needs `simulserve prepare-data --out data/de-en` first (the test sets) and the shipped models.
 set -euo pipefail
@@ -13,12 +13,15 @@ LIMIT="${LIMIT:-100000}"
 SIMULSERVE="${SIMULSERVE:-.venv/bin/simulserve}"
 
 COMMON=(--data data/de-en --sets bible,libreoffice,ddtp --limit "$LIMIT" --batch-size 32 --threads 2 -o "$OUT")
-# GMA: both shipped models at δ = 1 and 2; then wait-k at k = 1..9 (one multipath model); offline greedy.
+# GMA: both shipped models at δ = 1 and 2, the δ=1 model also at 0.5; then wait-k at k = 1..9 (one
+# multipath model); offline greedy and beam 5.
 # Separate runs merged with --append (the plots show all), so a part can be redone alone.
 "$SIMULSERVE" evaluate -m gma_delta1 -m gma_delta2 --label "GMA, trained δ=1" --label "GMA, trained δ=2" \
   --delta 1,2 "${COMMON[@]}"
+"$SIMULSERVE" evaluate -m gma_delta1 --label "GMA, trained δ=1" --delta 0.5 --append "${COMMON[@]}"
 "$SIMULSERVE" evaluate -m waitk --label wait-k --k 1,3,5,7,9 --append "${COMMON[@]}"
 "$SIMULSERVE" evaluate -m offline --label offline --append "${COMMON[@]}"
+"$SIMULSERVE" evaluate -m offline --label "offline, beam 5" --beam 5 --append "${COMMON[@]}"
 
 # one test-set verse: cross-attention of every decoder layer, GMA's p_i and the READ/WRITE path
 "$SIMULSERVE" plot-alignment -m gma_delta1 --layer all \
