@@ -315,11 +315,15 @@ class Trainer:
                   str(ep / f"epoch{self.epoch:03d}.safetensors"))
         self.export()
 
+    def _training_info(self, averaged: list[str]) -> dict:
+        """What a written checkpoint records about how it was trained."""
+        return {"steps": self.step, "init_steps": self.init_steps, "epochs": self.epoch, "averaged": averaged,
+                "train_config": asdict(self.tc)}
+
     def snapshot(self) -> Path:
         """The current (not averaged) weights as a checkpoint, kept for learning curves."""
-        info = {"steps": self.step, "init_steps": self.init_steps, "epochs": self.epoch, "averaged": [],
-                "train_config": asdict(self.tc)}
-        return save_checkpoint(self.out / "snapshots" / f"step{self.step:06d}", self.model, self.tok, info)
+        return save_checkpoint(self.out / "snapshots" / f"step{self.step:06d}", self.model, self.tok,
+                               self._training_info([]))
 
     def export(self) -> Path:
         """Average the last N epoch weights into OUTPUT/checkpoint (fp16)."""
@@ -327,10 +331,8 @@ class Trainer:
         # before the first epoch ends there is nothing to average: export the current weights
         model = Transformer(self.cfg)
         model.load_state_dict(average_weights(files) if files else self.model.state_dict())
-        info = {"steps": self.step, "init_steps": self.init_steps, "epochs": self.epoch,
-                "averaged": [f.name for f in files],
-                "train_config": asdict(self.tc)}
-        return save_checkpoint(self.out / "checkpoint", model, self.tok, info)
+        return save_checkpoint(self.out / "checkpoint", model, self.tok,
+                               self._training_info([f.name for f in files]))
 
 
 class _StopOnSignal:

@@ -31,19 +31,19 @@ def main(path: str) -> None:
         mine = [r for r in rows if r["set"] == st]
         wk = [(r["simuleval"]["AL"], r["BLEU"]) for r in mine if r["policy"] == "waitk"]
         # the offline reference is its best decoding (beam search where it was run)
-        off = sorted((r["BLEU"] for r in mine if r["policy"] == "offline"), reverse=True)
+        off = max((r["BLEU"] for r in mine if r["policy"] == "offline"), default=None)
         print(f"{st}:")
         for r in (r for r in mine if r["policy"] == "gma"):
             al, bleu, cw = r["simuleval"]["AL"], r["BLEU"], r["simuleval"]["CW"]
             ref = waitk_bleu_at(wk, al)
             vs = "no wait-k point within reach" if ref is None else f"wait-k at that AL {ref:.2f} ({bleu - ref:+.2f})"
-            share = f", {100 * bleu / off[0]:.0f}% of offline" if off else ""
+            share = f", {100 * bleu / off:.0f}% of offline" if off else ""
             print(f"  {r['label']} {r['setting']}: AL {al:.2f} BLEU {bleu:.2f} CW {cw:.2f}; {vs}{share}")
         low = [r for r in mine if r["policy"] == "gma" and r["simuleval"]["AL"] <= 5]
         if off:
             best = max(low, key=lambda r: r["BLEU"]) if low else None
-            print(f"  offline BLEU {off[0]:.2f}; best GMA with AL <= 5: "
-                  + (f"{best['BLEU']:.2f} ({100 * best['BLEU'] / off[0]:.0f}%)" if best else "none"))
+            print(f"  offline BLEU {off:.2f}; best GMA with AL <= 5: "
+                  + (f"{best['BLEU']:.2f} ({100 * best['BLEU'] / off:.0f}%)" if best else "none"))
 
 
 if __name__ == "__main__":
