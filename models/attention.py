@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import gma
 
 NEG_INF = float("-inf")
 
@@ -52,31 +51,35 @@ class MultiHeadAttention(nn.Module):
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
 
-    def attend(self, q, k, v, allowed: torch.Tensor, prior: torch.Tensor | None = None, fresh=None):
-        """q (B,H,T,dk), k/v (B,H,S,dk), allowed (B,T,S) bool -> output (B,T,d), weights (B,H,T,S).
+    def attend(self, q, k, v, allowed: torch.Tensor, prior: torch.Tensor | None = None, fresh=None,
+               need_weights: bool = False):
+        """q (B,H,T,dk), k/v (B,H,S,dk), allowed (B,T,S) bool -> output (B,T,d), weights (B,H,T,S) or None.
 
+        prior: GMA's log Gaussian prior (B,T,S) (`gma.log_prior`), added to the logits.
         fresh: (k2, v2, allowed2) keys computed in this very call (incremental paths), attended
-        after the cached k/v. Keeping them apart spares copying the whole cache into a new
-        buffer just to write a few keys into it; the weights are then (B,H,T,S+S2)."""
-        logits = torch.matmul(q, k.transpose(-1, -2))
+        after the cached k/v; the weights are then (B,H,T,S+S2).
+        Without need_weights one fused kernel (scaled_dot_product_attention) does the work: a
+        streaming step runs hundreds of attention calls, and per-op overhead is most of their cost.
+        Rows with nothing allowed (padding) give zeros."""
         if fresh is not None:
             k2, v2, allowed2 = fresh
-            logits = torch.cat([logits, torch.matmul(q, k2.transpose(-1, -2))], -1)
-            allowed = torch.cat([allowed, allowed2], -1)
-        logits = logits.masked_fill(~allowed.unsqueeze(1), NEG_INF)
-        # rows with nothing allowed (padding) give zeros instead of NaN
-        any_allowed = allowed.any(-1, keepdim=True).unsqueeze(1)
-        weights = torch.softmax(logits.float(), dim=-1)
-        weights = torch.where(any_allowed, weights, torch.zeros_like(weights))
+            k, v, allowed = torch.cat([k, k2], 2), torch.cat([v, v2], 2), torch.cat([allowed, allowed2], -1)
         if prior is not None:
-            weights = gma.apply_prior(weights, prior)
-        w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
-        if fresh is None:
-            h = torch.matmul(w, v)
+            mask = torch.where(allowed, prior, NEG_INF).unsqueeze(1)
         else:
-            s = k.shape[2]
-            h = torch.matmul(w[..., :s], v) + torch.matmul(w[..., s:], v2)
-        return self.out_proj(self.merge(h)), weights
+            mask = allowed.unsqueeze(1)
+        if not (need_weights or self.training):
+            h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if prior is not None else mask,
+                                               scale=1.0)
+            return self.out_proj(self.merge(h)), None
+        # the explicit computation: training (the shipped models were trained with it) and
+        # callers that look at the weights (alignment plots)
+        logits = torch.matmul(q, k.transpose(-1, -2)).float()
+        logits = logits + mask if prior is not None else logits.masked_fill(~mask, NEG_INF)
+        weights = torch.softmax(logits, dim=-1)
+        weights = torch.where(allowed.any(-1, keepdim=True).unsqueeze(1), weights, torch.zeros_like(weights))
+        w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
+        return self.out_proj(self.merge(torch.matmul(w, v))), weights
 
 
 def visible_mask(n_visible: torch.Tensor, src_len: int) -> torch.Tensor:

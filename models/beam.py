@@ -9,7 +9,7 @@ import torch
 
 
 def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0) -> list[int]:
-    model, cfg, dev = decoder.model, decoder.cfg, decoder.device
+    model, cfg, dev = decoder.net, decoder.cfg, decoder.device
     slot = torch.tensor([s.slot], device=dev)
     cross = [(k.expand(beam, -1, -1, -1), v.expand(beam, -1, -1, -1))
              for k, v in decoder.pool.gather_kv("cross", slot, s.available)]

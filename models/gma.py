@@ -4,7 +4,7 @@ Per decoder layer, the scaled projected query q_i predicts an incremental step
 Δp_i = exp(v_p · tanh(W_p q_i)) > 0 (Δp_0 = 0). The aligned source position is
 p_i = clamp(Σ_{t<=i} Δp_t, 0.9, max); the window holds the first ceil(p_i + δ)
 source positions and a Gaussian prior centred on p_i (σ = p_i / 2) multiplies the
-softmax before renormalising. Heads of a layer share one p (Δp comes from the
+softmax before renormalising (applied as log G added to the logits). Heads of a layer share one p (Δp comes from the
 concatenated heads' query). Everything here is in fp32: ceil() and the prior
 are where low precision would change decisions.
 """
@@ -42,20 +42,12 @@ def window_size(p: torch.Tensor, delta: torch.Tensor | float) -> torch.Tensor:
     return torch.ceil(p + delta).long()
 
 
-def gaussian_prior(p: torch.Tensor, src_len: int) -> torch.Tensor:
-    """G_ij = exp(-(j - p_i)^2 / (2 σ_i^2)), σ_i = p_i / 2; p (...,) -> (..., src_len)."""
+def log_prior(p: torch.Tensor, src_len: int) -> torch.Tensor:
+    """log G_ij = -(j - p_i)^2 / (2 σ_i^2), σ_i = p_i / 2; p (...,) -> (..., src_len), fp32.
+
+    Multiplying the softmax weights by G and renormalising is the same as adding log G to
+    the logits before the softmax, which is how attention applies it (one fused kernel)."""
     j = torch.arange(src_len, device=p.device, dtype=torch.float32)
     p = p.float().unsqueeze(-1)
     z = (j - p) / (p / 2)
-    return torch.exp(-0.5 * z * z)
-
-
-def apply_prior(weights: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
-    """Multiply softmax weights (B,H,T,S) by the prior (B,T,S) and renormalise, in fp32.
-
-    Rows whose window is empty cannot occur with p >= 0.9, but padded batch rows
-    can be all-zero; they are left at zero instead of becoming NaN.
-    """
-    w = weights.float() * prior.unsqueeze(1)
-    total = w.sum(-1, keepdim=True)
-    return torch.where(total > 0, w / total.clamp_min(torch.finfo(torch.float32).tiny), w)
+    return -0.5 * z * z

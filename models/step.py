@@ -16,6 +16,7 @@ from models.beam import beam_search
 from models.cache_pool import CachePool
 from models.policy import Policy, make_policy
 from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
+from models.packed_linear import PackedLinear, pack_for_inference
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
 
@@ -26,15 +27,20 @@ MAX_LEN_A, MAX_LEN_B = 2, 10
 class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None):
         self.model = model.eval()
+        # what the steps run: on CPU a copy with packed linears (models/packed_linear.py), else
+        # the model itself; `model` keeps its own weights (saving, moving, training)
+        self.net = pack_for_inference(model)
         self.cfg = model.cfg
         self.tok = tokenizer
         p = next(model.parameters())
         self.device = p.device
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
-        # the output projection as a (d, V) matrix in row order: a few rows times it run
-        # faster on CPU than F.linear's transposed (V, d) product. A copy of inference
-        # weights only: the decoder never trains.
-        self.out_weight = model.embed.weight.detach().t().contiguous()
+        # the output projection (the embedding, tied) packed like the other linears where
+        # that is available; elsewhere a (d, V) matrix in row order, which a few rows
+        # times run faster than F.linear's transposed (V, d) product
+        packed = self.net is not model
+        self.out_packed = PackedLinear(model.embed.weight, None) if packed else None
+        self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
 
     # ---- stream life cycle ------------------------------------------------
     def new_stream(self, k: int | None = None, delta: float | None = None, beam: int = 1,
@@ -123,6 +129,8 @@ class StreamingDecoder:
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """Output logits (B, V) of top decoder states (B, d): Transformer.logits, computed faster."""
+        if self.out_packed is not None:
+            return self.out_packed(hidden)
         return hidden @ self.out_weight
 
     def advance(self, states: list[StreamState], compute: list[float] | None = None) -> list[list[StepOutput]]:
@@ -208,13 +216,13 @@ class StreamingDecoder:
         pos = start[bi] + ii
         if self.cfg.causal_encoder:
             caches = self.pool.gather_kv("enc", slots, int(start.max()))
-            enc, new_kv = self.model.encode_chunk(tokens, start, n_new, caches)
+            enc, new_kv = self.net.encode_chunk(tokens, start, n_new, caches)
             for layer, (k, v) in enumerate(new_kv):
                 self.pool.write("enc_k", layer, slots[bi], pos, k[bi, :, ii])
                 self.pool.write("enc_v", layer, slots[bi], pos, v[bi, :, ii])
         else:  # bidirectional: the whole sentence at once, after it ended
-            enc = self.model.encode(tokens, n_new)
-        for layer, (k, v) in enumerate(self.model.cross_kv(enc)):
+            enc = self.net.encode(tokens, n_new)
+        for layer, (k, v) in enumerate(self.net.cross_kv(enc)):
             self.pool.write("cross_k", layer, slots[bi], pos, k[bi, :, ii])
             self.pool.write("cross_v", layer, slots[bi], pos, v[bi, :, ii])
         for s in todo:
@@ -233,9 +241,10 @@ class StreamingDecoder:
         elif cfg.attention == "gma":
             delta = torch.tensor([s.policy.delta for s in states], device=dev, dtype=torch.float32)
             running = torch.tensor([s.gma_running for s in states], device=dev, dtype=torch.float32)
-        hidden, new_kv, info = self.model.decode_step(
+        hidden, new_kv, info = self.net.decode_step(
             prev, t, self.pool.gather_kv("dec", slots, int(t.max())),
-            self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running)
+            self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running,
+            need_weights=any(s.record is not None for s in states))
         read = info["read"].tolist()
         need = info["need"].tolist()
         keep = torch.tensor([not r for r in read], device=dev)

@@ -75,8 +75,8 @@ class DecoderLayer(nn.Module):
         h, _ = self.self_attn.attend(self.self_attn.query(x), k, v, allowed, fresh=fresh)
         return self.ln1(x + F.dropout(h, self.dropout, self.training))
 
-    def cross_block(self, x, q, k, v, allowed, prior):
-        h, w = self.cross_attn.attend(q, k, v, allowed, prior)
+    def cross_block(self, x, q, k, v, allowed, prior, need_weights=False):
+        h, w = self.cross_attn.attend(q, k, v, allowed, prior, need_weights=need_weights)
         x = self.ln2(x + F.dropout(h, self.dropout, self.training))
         x = self.ln3(x + F.dropout(self.ffn(x), self.dropout, self.training))
         return x, w
@@ -154,8 +154,8 @@ class Transformer(nn.Module):
             n, p, _ = self.cross_window(layer, q, t, src_len, k, delta)
             info["need"].append(n)
             n = torch.minimum(n, src_len.view(-1, 1))
-            prior = gma.gaussian_prior(p, enc.shape[1]) if p is not None else None
-            x, w = layer.cross_block(x, q, ck, cv, visible_mask(n, enc.shape[1]), prior)
+            prior = gma.log_prior(p, enc.shape[1]) if p is not None else None
+            x, w = layer.cross_block(x, q, ck, cv, visible_mask(n, enc.shape[1]), prior, return_attention)
             info["n"].append(n)
             if p is not None:
                 info["p"].append(p)
@@ -192,7 +192,7 @@ class Transformer(nn.Module):
         return x, new_kv
 
     def decode_step(self, tokens, t, self_caches, cross_caches, avail, finished,
-                    k=None, delta=None, running=None):
+                    k=None, delta=None, running=None, need_weights=False):
         """One decoder position for a batch of streams.
 
         tokens (B,) previous target token, t (B,) its position, self_caches per layer
@@ -204,7 +204,8 @@ class Transformer(nn.Module):
         (k, v) per layer (B,H,1,dk) and info with
         `read` (B,) — the step needs more source than has arrived — with `need` (B,)
         source positions it needs at least, and, for GMA,
-        `running` (B,L) and `p` (B,L).
+        `running` (B,L) and `p` (B,L); with need_weights, `attention`: per layer the cross
+        attention weights (B,H,S').
         """
         b = tokens.shape[0]
         tt = t.view(-1, 1)
@@ -229,11 +230,12 @@ class Transformer(nn.Module):
             need = torch.where(read, need, torch.where(blocking, n, need))
             read |= blocking
             n = torch.minimum(n, avail)
-            prior = gma.gaussian_prior(p, ck.shape[2]) if p is not None else None
             if bool(read.all()):  # every stream READs: the layers above would be wasted
                 return x[:, 0], new_kv, {"read": read, "need": need}
-            x, w = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior)
-            attn.append(w[:, :, 0])
+            prior = gma.log_prior(p, ck.shape[2]) if p is not None else None
+            x, w = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior, need_weights)
+            if need_weights:
+                attn.append(w[:, :, 0])
             ns.append(n)
             if p is not None:
                 ps.append(p[:, 0])
