@@ -29,6 +29,9 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
+        # inference copies (models/packed_linear.py) set this to the three projections in one
+        # product; the model's own weights stay q_proj/k_proj/v_proj
+        self.fused_qkv: nn.Module | None = None
         for lin in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.xavier_uniform_(lin.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -50,6 +53,13 @@ class MultiHeadAttention(nn.Module):
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
+
+    def query_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """query(x) and keys_values(x), in one product where the projections are fused."""
+        if self.fused_qkv is None:
+            return (self.query(x), *self.keys_values(x))
+        q, k, v = self.fused_qkv(x).chunk(3, -1)
+        return self.split(q * self.scale), self.split(k), self.split(v)
 
     def attend(self, q, k, v, allowed: torch.Tensor, prior: torch.Tensor | None = None, fresh=None,
                need_weights: bool = False):

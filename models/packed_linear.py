@@ -9,7 +9,9 @@ on how many other rows are in the call (MKL's differs in the last bits between
 batch sizes), so a stream's output is bit-for-bit the same alone or batched.
 
 `pack_for_inference(model)` returns a copy of the model with every nn.Linear
-replaced; the caller's model is left as it was (it may still be trained). On
+replaced, and the projections that share an input fused into one product (a
+self-attention's query/key/value; every decoder layer's cross keys/values); the
+caller's model is left as it was (it may still be trained). On
 CUDA, or where the oneDNN operators are missing, the model is returned as is.
 """
 from __future__ import annotations
@@ -75,6 +77,13 @@ def pack_for_inference(model: nn.Module) -> nn.Module:
     if not packing_available(p.device, p.dtype):
         return model
     packed = copy.deepcopy(model).eval()
+    # projections of one input fused into one product (fewer, larger calls)
+    for module in list(packed.modules()):
+        if hasattr(module, "fused_qkv") and isinstance(module.q_proj, nn.Linear):
+            module.fused_qkv = PackedLinear.of(module.q_proj, module.k_proj, module.v_proj)
+    if hasattr(packed, "fused_cross_kv"):
+        packed.fused_cross_kv = PackedLinear.of(
+            *[lin for layer in packed.decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])
     for module in list(packed.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):

@@ -51,10 +51,11 @@ class EncoderLayer(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.dropout = cfg.dropout
 
-    def forward(self, x, k, v, allowed, fresh=None):
+    def forward(self, x, k, v, allowed, fresh=None, q=None):
         """x (B,T,d); k/v (B,H,S,dk) keys of this layer's input (x's own keys included, or
-        passed apart as `fresh`, see MultiHeadAttention.attend)."""
-        h, _ = self.self_attn.attend(self.self_attn.query(x), k, v, allowed, fresh=fresh)
+        passed apart as `fresh`, see MultiHeadAttention.attend); q its query if already computed."""
+        q = self.self_attn.query(x) if q is None else q
+        h, _ = self.self_attn.attend(q, k, v, allowed, fresh=fresh)
         x = self.ln1(x + F.dropout(h, self.dropout, self.training))
         return self.ln2(x + F.dropout(self.ffn(x), self.dropout, self.training))
 
@@ -71,8 +72,9 @@ class DecoderLayer(nn.Module):
         self.step_predictor = gma.StepPredictor(cfg.d_model) if cfg.attention == "gma" else None
         self.dropout = cfg.dropout
 
-    def self_block(self, x, k, v, allowed, fresh=None):
-        h, _ = self.self_attn.attend(self.self_attn.query(x), k, v, allowed, fresh=fresh)
+    def self_block(self, x, k, v, allowed, fresh=None, q=None):
+        q = self.self_attn.query(x) if q is None else q
+        h, _ = self.self_attn.attend(q, k, v, allowed, fresh=fresh)
         return self.ln1(x + F.dropout(h, self.dropout, self.training))
 
     def cross_block(self, x, q, k, v, allowed, prior, need_weights=False):
@@ -93,6 +95,7 @@ class Transformer(nn.Module):
         self.register_buffer("positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.fused_cross_kv: nn.Module | None = None  # set by inference copies (packed_linear.py)
 
     # ---- shared pieces -------------------------------------------------
     def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -103,8 +106,13 @@ class Transformer(nn.Module):
         return F.linear(x, self.embed.weight)
 
     def cross_kv(self, enc: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Project encoder states (B,S,d) into every decoder layer's cross keys/values."""
-        return [layer.cross_attn.keys_values(enc) for layer in self.decoder]
+        """Project encoder states (B,S,d) into every decoder layer's cross keys/values
+        (in one product where an inference copy fused them: `fused_cross_kv`)."""
+        if self.fused_cross_kv is None:
+            return [layer.cross_attn.keys_values(enc) for layer in self.decoder]
+        kv = self.fused_cross_kv(enc).chunk(2 * len(self.decoder), -1)  # k0, v0, k1, v1, ...
+        return [(layer.cross_attn.split(kv[2 * i]), layer.cross_attn.split(kv[2 * i + 1]))
+                for i, layer in enumerate(self.decoder)]
 
     def cross_window(self, layer: DecoderLayer, q, t, src_len, k=None, delta=None, running=None):
         """Visible counts n (B,T) (uncapped) and GMA prior inputs for one decoder layer.
@@ -186,9 +194,9 @@ class Transformer(nn.Module):
         fresh = (i.view(1, 1, -1) <= i.view(1, -1, 1)) & (i.view(1, 1, -1) < n_new.view(-1, 1, 1))
         new_kv = []
         for layer, (kb, vb) in zip(self.encoder, caches):
-            k, v = layer.self_attn.keys_values(x)
+            q, k, v = layer.self_attn.query_keys_values(x)
             new_kv.append((k, v))
-            x = layer(x, kb, vb, cached, fresh=(k, v, fresh))
+            x = layer(x, kb, vb, cached, fresh=(k, v, fresh), q=q)
         return x, new_kv
 
     def decode_step(self, tokens, t, self_caches, cross_caches, avail, finished,
@@ -217,9 +225,9 @@ class Transformer(nn.Module):
         need = torch.zeros(b, dtype=torch.long, device=tokens.device)
         new_kv, ps, sums, attn, ns = [], [], [], [], []
         for li, (layer, (kb, vb), (ck, cv)) in enumerate(zip(self.decoder, self_caches, cross_caches)):
-            sk, sv = layer.self_attn.keys_values(x)
+            sq, sk, sv = layer.self_attn.query_keys_values(x)
             new_kv.append((sk, sv))
-            x = layer.self_block(x, kb, vb, cached, fresh=(sk, sv, own))
+            x = layer.self_block(x, kb, vb, cached, fresh=(sk, sv, own), q=sq)
             q = layer.cross_attn.query(x)
             run = None if running is None else running[:, li]
             n, p, total = self.cross_window(layer, q, tt, avail, k, delta, run)

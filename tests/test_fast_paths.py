@@ -1,0 +1,126 @@
+"""The streaming step's fast paths compute what the model's explicit paths do.
+
+Inference runs attention through one fused kernel (with GMA's prior as an additive
+log G) and linears packed for oneDNN, some of them fused; training and the
+alignment plots use the explicit computation. These tests hold the two together.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_decoder
+from torch import nn
+
+from models import gma
+from models.attention import MultiHeadAttention, visible_mask
+from models.packed_linear import PackedLinear, pack_for_inference, packing_available
+from models.step import StreamingDecoder
+from models.synthetic import make_pairs
+from models.translate import simulate
+
+needs_packing = pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.float32),
+                                   reason="oneDNN packed linears are not available in this torch build")
+
+
+@pytest.mark.parametrize("with_prior", [False, True])
+@pytest.mark.parametrize("with_fresh", [False, True])
+def test_fused_attention_equals_explicit(with_prior, with_fresh):
+    torch.manual_seed(0)
+    att = MultiHeadAttention(32, 4).eval()
+    b, t, s = 3, 5, 9
+    x, mem = torch.randn(b, t, 32), torch.randn(b, s, 32)
+    q = att.query(x)
+    k, v = att.keys_values(mem)
+    n = torch.tensor([[9] * t, [4] * t, [0] * t])          # the last row sees nothing: zeros
+    n[0, :2] = 1
+    allowed = visible_mask(n, s)
+    prior = gma.log_prior(torch.rand(b, t) * 8 + 0.9, s) if with_prior else None
+    fresh = None
+    if with_fresh:
+        k2, v2 = att.keys_values(x)
+        fresh = (k2, v2, torch.ones(b, t, t, dtype=torch.bool).tril())
+        if prior is not None:
+            prior = torch.cat([prior, torch.zeros(b, t, t)], -1)
+    with torch.no_grad():
+        fast, none = att.attend(q, k, v, allowed, prior, fresh=fresh)
+        slow, w = att.attend(q, k, v, allowed, prior, fresh=fresh, need_weights=True)
+    assert none is None and w is not None
+    torch.testing.assert_close(fast, slow, atol=2e-6, rtol=1e-5)
+    if not with_fresh:   # a row with no visible position attends to nothing
+        assert float(w[2].abs().max()) == 0.0
+
+
+def test_log_prior_is_the_multiplied_and_renormalised_gaussian():
+    torch.manual_seed(1)
+    logits = torch.randn(2, 4, 6, 10)
+    p = torch.rand(2, 6) * 9 + 0.9
+    log_g = gma.log_prior(p, 10)
+    multiplied = torch.softmax(logits, -1) * log_g.exp().unsqueeze(1)
+    multiplied = multiplied / multiplied.sum(-1, keepdim=True)
+    torch.testing.assert_close(torch.softmax(logits + log_g.unsqueeze(1), -1), multiplied, atol=1e-6, rtol=1e-5)
+
+
+@needs_packing
+def test_packed_linear_equals_linear_and_rows_do_not_depend_on_the_batch():
+    torch.manual_seed(2)
+    lins = [nn.Linear(48, 80), nn.Linear(48, 16), nn.Linear(48, 8)]
+    fused = PackedLinear.of(*lins)
+    x = torch.randn(40, 48)
+    with torch.no_grad():
+        ref = torch.cat([lin(x) for lin in lins], -1)
+        y = fused(x)
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+        for rows in (1, 2, 7, 33):   # bit for bit: a stream's numbers do not depend on its batch
+            assert torch.equal(fused(x[:rows]), y[:rows])
+            assert torch.equal(fused(x[rows:rows + 1]), y[rows:rows + 1])
+        torch.testing.assert_close(fused(x.view(4, 10, 48)), y.view(4, 10, -1))
+    with pytest.raises(ValueError):
+        PackedLinear.of(nn.Linear(4, 4), nn.Linear(4, 4, bias=False))
+
+
+@needs_packing
+@pytest.mark.parametrize("policy", ["offline", "waitk", "gma"])
+def test_packed_copy_leaves_the_model_alone_and_computes_the_same(policy, word_tok):
+    dec = random_decoder(word_tok, policy, seed=3)
+    model = dec.model
+    assert dec.net is not model and model.fused_cross_kv is None
+    assert all(isinstance(m, nn.Linear) for n, m in model.named_modules() if n.endswith("_proj"))
+    assert model.state_dict().keys() == type(model)(model.cfg).state_dict().keys()
+    src = torch.randint(4, word_tok.vocab_size, (2, 7))
+    tgt = torch.randint(4, word_tok.vocab_size, (2, 5))
+    n = torch.tensor([7, 4])
+    k = torch.tensor([2, 3]) if policy == "waitk" else None
+    delta = torch.tensor([1.0, 0.5]) if policy == "gma" else None
+    with torch.no_grad():
+        enc_a, enc_b = model.encode(src, n), dec.net.encode(src, n)
+        torch.testing.assert_close(enc_b, enc_a, atol=1e-4, rtol=1e-4)
+        for (ka, va), (kb, vb) in zip(model.cross_kv(enc_a), dec.net.cross_kv(enc_a)):
+            torch.testing.assert_close(kb, ka, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(vb, va, atol=1e-5, rtol=1e-5)
+        la, _ = model.decode(tgt, enc_a, n, k, delta)
+        lb, _ = dec.net.decode(tgt, enc_a, n, k, delta)
+    torch.testing.assert_close(lb, la, atol=1e-4, rtol=1e-4)
+
+
+@needs_packing
+@pytest.mark.parametrize("policy", ["offline", "waitk", "gma"])
+def test_packed_and_unpacked_streaming_agree(policy, trained_decoders):
+    """The same trained weights through the packed step and through the plain model."""
+    import models.step as step
+    dec = trained_decoders[policy]
+    original = step.pack_for_inference
+    step.pack_for_inference = lambda m: m
+    try:
+        plain = StreamingDecoder(dec.model, dec.tok)
+    finally:
+        step.pack_for_inference = original
+    assert plain.net is plain.model and dec.net is not dec.model
+    sentences = [s for s, _ in make_pairs(20, seed=31)]
+    fast, slow = simulate(dec, sentences), simulate(plain, sentences)
+    assert [(r.prediction, r.token_delays) for r in fast] == [(r.prediction, r.token_delays) for r in slow]
+
+
+def test_no_packing_where_it_is_not_available(word_tok):
+    assert not packing_available(torch.device("cpu"), torch.float16)
+    model = random_decoder(word_tok, "gma", seed=4).model.to(torch.float16)
+    assert pack_for_inference(model) is model
