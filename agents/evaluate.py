@@ -382,6 +382,7 @@ def register(sub) -> None:
                    help="SimulEval convention: AL/AP with the hypothesis length (as simuleval's flag)")
     p.add_argument("--batch-size", type=int, default=16, help="sentences stepped together")
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.add_argument("--append", action="store_true",
@@ -394,7 +395,7 @@ def run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from models.checkpoint import load_checkpoint, pick_device
+    from models.checkpoint import load_checkpoint, pick_device, pick_dtype
     from models.step import StreamingDecoder
     from models.translate import simulate
 
@@ -416,6 +417,7 @@ def run(args) -> int:
     src_lang, tgt_lang = next(iter(langs))
     sets = plan_sets(args, src_lang, tgt_lang)
     device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -424,7 +426,7 @@ def run(args) -> int:
     started = time.time()
     with tqdm(total=total, unit="sent", disable=args.quiet, file=sys.stderr, dynamic_ncols=True) as bar:
         for m in models:
-            model, tok, _ = load_checkpoint(m.path, device)
+            model, tok, _ = load_checkpoint(m.path, device, dtype)
             check_lengths(m, tok, sets)
             decoder = StreamingDecoder(model, tok)
             for setting in m.settings:
@@ -460,6 +462,7 @@ def run(args) -> int:
         "sacrebleu_tokenizer": args.sacrebleu_tokenizer,
         "use_ref_len": not args.no_use_ref_len,
         "device": str(device),
+        "dtype": args.dtype,
         "seconds": round(time.time() - started, 2),
     }
     if args.append:

@@ -32,6 +32,7 @@ class MultiHeadAttention(nn.Module):
         # inference copies (models/packed_linear.py) set this to the three projections in one
         # product; the model's own weights stay q_proj/k_proj/v_proj
         self.fused_qkv: nn.Module | None = None
+        self.fused_kernel = True  # False: always the explicit computation (`bench step`'s baseline)
         for lin in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.xavier_uniform_(lin.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -78,7 +79,7 @@ class MultiHeadAttention(nn.Module):
             mask = torch.where(allowed, prior, NEG_INF).unsqueeze(1)
         else:
             mask = allowed.unsqueeze(1)
-        if not (need_weights or self.training):
+        if not (need_weights or self.training or not self.fused_kernel):
             h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if prior is not None else mask,
                                                scale=1.0)
             return self.out_proj(self.merge(h)), None

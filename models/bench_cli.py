@@ -18,6 +18,16 @@ def register(sub) -> None:
     e.add_argument("--threads", type=int, default=1, help="torch threads (1: per-stream cost)")
     e.add_argument("--json", help="also write the rows here")
     e.set_defaults(func=run_engine)
+    st = which.add_parser("step", help="the streaming step with its fast paths vs without, per batch size")
+    st.add_argument("--checkpoint", "-m", default="gma_delta1", help="checkpoint dir or shipped name")
+    st.add_argument("--source", help="sentences, one per line (default: data/de-en/test.de)")
+    st.add_argument("--batch-sizes", default="1,8,32", help="streams stepped together")
+    st.add_argument("--sentences", type=int, default=32)
+    st.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
+    st.add_argument("--threads", type=int, default=1, help="torch threads")
+    st.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    st.add_argument("--json", help="also write the rows here")
+    st.set_defaults(func=run_step)
     try:
         from server.bench import add_server_bench_args, run_server_bench
     except ImportError:
@@ -25,6 +35,41 @@ def register(sub) -> None:
     s = which.add_parser("server", help="simulated speakers against a running server")
     add_server_bench_args(s)
     s.set_defaults(func=run_server_bench)
+
+
+def _source_lines(path: str | None) -> list[str]:
+    from models.errors import UserError
+    path = path or "data/de-en/test.de"
+    try:
+        return open(path, encoding="utf-8").read().splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: pass --source FILE (any German text)") from None
+
+
+def run_step(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from models.bench_engine import bench_fast_paths
+    from models.checkpoint import load_checkpoint, pick_dtype
+    from models.shipped import resolve_checkpoint
+    torch.set_num_threads(args.threads)
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    model, tok, _ = load_checkpoint(resolve_checkpoint(args.checkpoint), "cpu", pick_dtype(args.dtype, "cpu"))
+    with tqdm(total=len(sizes) * args.rounds * 2, desc="rounds", unit="run") as bar:
+        rows = bench_fast_paths(model, tok, _source_lines(args.source), sizes, args.sentences, args.rounds,
+                                progress=bar)
+    print(f"\n{args.checkpoint} ({model.cfg.policy}, {args.dtype}, {args.threads} thread(s)), "
+          f"{rows[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")
+    print("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |")
+    print("|---:|---:|---:|---:|---:|:---:|")
+    for r in rows:
+        print(f"| {r['batch_size']} | {r['target_tokens']} | {r['fast_ms_per_token']:.2f} | "
+              f"{r['plain_ms_per_token']:.2f} | {r['speedup']:.2f}x | {'yes' if r['identical'] else 'NO'} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
 
 
 def run_engine(args) -> int:
@@ -40,11 +85,7 @@ def run_engine(args) -> int:
     names = args.checkpoint or list(shipped_checkpoints())
     if not names:
         raise UserError("no shipped models: pass --checkpoint DIR")
-    path = args.source or "data/de-en/test.de"
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{path} not found: pass --source FILE (any German text)") from None
+    lines = _source_lines(args.source)
     lengths = [int(x) for x in args.lengths.split(",")]
     all_rows = []
     for name in names:

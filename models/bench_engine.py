@@ -110,3 +110,36 @@ def bench_engine(decoder: StreamingDecoder, source_lines: list[str], lengths=(10
                      "naive_ms_per_token": statistics.mean(m / t for m, t in zip(naive_ms, tokens)),
                      "speedup": statistics.mean(naive_ms) / statistics.mean(stream_ms), "identical": same})
     return rows
+
+
+def bench_fast_paths(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
+                     rounds: int = 3, max_words: int = 30, progress=None) -> list[dict]:
+    """The streaming step with its fast paths (fused attention kernel, packed and fused linears)
+    against the same model without them, per batch size: ms per written token over `sentences`
+    test sentences arriving word by word, median of `rounds` alternating rounds (so that both
+    see the same machine), and whether both wrote the same tokens with the same delays."""
+    fast, plain = StreamingDecoder(model, tok), StreamingDecoder(model, tok, fast=False)
+    chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
+    if not chosen:
+        raise ValueError(f"no source line of 1-{max_words} words")
+    rows = []
+    for b in batch_sizes:
+        simulate(fast, chosen[:b], batch_size=b)   # first-call costs out of the timings
+        simulate(plain, chosen[:b], batch_size=b)
+        times = {"fast": [], "plain": []}
+        outputs = {}
+        for _ in range(rounds):
+            for name, dec in (("fast", fast), ("plain", plain)):
+                t0 = time.perf_counter()
+                res = simulate(dec, chosen, batch_size=b)
+                times[name].append(time.perf_counter() - t0)
+                outputs[name] = [(r.target_tokens, r.token_delays, r.prediction) for r in res]
+                if progress is not None:
+                    progress.update(1)
+        tokens = sum(o[0] for o in outputs["fast"])
+        fast_ms = statistics.median(times["fast"]) * 1000 / tokens
+        plain_ms = statistics.median(times["plain"]) * 1000 / tokens
+        rows.append({"batch_size": b, "sentences": len(chosen), "target_tokens": tokens,
+                     "fast_ms_per_token": fast_ms, "plain_ms_per_token": plain_ms,
+                     "speedup": plain_ms / fast_ms, "identical": outputs["fast"] == outputs["plain"]})
+    return rows

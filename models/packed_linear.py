@@ -89,3 +89,13 @@ def pack_for_inference(model: nn.Module) -> nn.Module:
             if isinstance(child, nn.Linear):
                 setattr(module, name, PackedLinear(child.weight, child.bias))
     return packed
+
+
+def plain_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` that runs nothing fast: F.linear and the explicit attention (the
+    baseline `simulserve bench step` measures the fast paths against)."""
+    plain = copy.deepcopy(model).eval()
+    for module in plain.modules():
+        if hasattr(module, "fused_kernel"):
+            module.fused_kernel = False
+    return plain

@@ -16,7 +16,7 @@ from models.beam import beam_search
 from models.cache_pool import CachePool
 from models.policy import Policy, make_policy
 from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
-from models.packed_linear import PackedLinear, pack_for_inference
+from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
 
@@ -25,20 +25,22 @@ MAX_LEN_A, MAX_LEN_B = 2, 10
 
 
 class StreamingDecoder:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None):
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,
+                 fast: bool = True):
         self.model = model.eval()
         # what the steps run: on CPU a copy with packed linears (models/packed_linear.py), else
-        # the model itself; `model` keeps its own weights (saving, moving, training)
-        self.net = pack_for_inference(model)
+        # the model itself; `model` keeps its own weights (saving, moving, training).
+        # fast=False: a copy without any fast path, the baseline of `bench step`
+        self.net = pack_for_inference(model) if fast else plain_copy(model)
         self.cfg = model.cfg
         self.tok = tokenizer
         p = next(model.parameters())
-        self.device = p.device
+        self.device, self.dtype = p.device, p.dtype
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
         # the output projection (the embedding, tied) packed like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
-        packed = self.net is not model
+        packed = fast and self.net is not model
         self.out_packed = PackedLinear(model.embed.weight, None) if packed else None
         self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
 

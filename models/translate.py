@@ -100,15 +100,17 @@ def register(sub) -> None:
     p.add_argument("--offline", action="store_true", help="give each sentence whole instead of word by word")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from tqdm import tqdm
 
-    from models.checkpoint import load_checkpoint, pick_device
+    from models.checkpoint import load_checkpoint, pick_device, pick_dtype
     from models.shipped import resolve_checkpoint
-    model, tok, _ = load_checkpoint(resolve_checkpoint(args.checkpoint), pick_device(args.device))
+    device = pick_device(args.device)
+    model, tok, _ = load_checkpoint(resolve_checkpoint(args.checkpoint), device, pick_dtype(args.dtype, device))
     decoder = StreamingDecoder(model, tok)
     src = open(args.input, encoding="utf-8") if args.input else sys.stdin
     sentences = [line.rstrip("\n") for line in src]

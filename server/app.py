@@ -47,7 +47,7 @@ class ServerState:
         self.active = 0
 
     async def load(self) -> None:
-        from models.checkpoint import load_checkpoint, pick_device
+        from models.checkpoint import load_checkpoint, pick_device, pick_dtype
         from models.step import StreamingDecoder
         s = self.settings
         try:
@@ -55,8 +55,9 @@ class ServerState:
                 import torch
                 torch.set_num_threads(s.torch_threads)
             device = pick_device(s.device)
+            dtype = pick_dtype(s.dtype, device)
             for name, path in self.checkpoints.items():
-                model, tok, _ = await asyncio.to_thread(load_checkpoint, path, device)
+                model, tok, _ = await asyncio.to_thread(load_checkpoint, path, device, dtype)
                 eng = ModelEngine(name, StreamingDecoder(model, tok), metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
                                   batch_window_ms=s.batch_window_ms, continuations=s.continuations,
@@ -66,7 +67,7 @@ class ServerState:
                     await asyncio.to_thread(eng.warmup)
                 await eng.start()
                 self.engines[name] = eng
-                log.info("model %s loaded from %s (%s, %s)", name, path, eng.cfg.policy, device)
+                log.info("model %s loaded from %s (%s, %s, %s)", name, path, eng.cfg.policy, device, s.dtype)
         except Exception as e:  # noqa: BLE001 - reported by /health, the server stays up
             self.load_error = f"{type(e).__name__}: {e}"
             log.exception("loading the models failed")

@@ -45,6 +45,7 @@ def add_server_bench_args(p) -> None:
                                              "--no-batching (for the batching comparison)")
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
     p.add_argument("--server-threads", type=int, help="torch threads of the started server")
+    p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
     p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
@@ -79,6 +80,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
            "--port", str(port), "--max-streams", "100000", "--idle-timeout", "3600", "--log-level", "warning"]
     if args.server_threads:
         cmd += ["--torch-threads", str(args.server_threads)]
+    if args.dtype:
+        cmd += ["--dtype", args.dtype]
     if args.batch_window_ms is not None:
         cmd += ["--batch-window-ms", str(args.batch_window_ms)]
     if args.continuations is not None:
@@ -329,7 +332,7 @@ async def _main(args, base) -> int:
     skip = set(filter(None, args.skip.split(",")))
     out = {"model": model, "wpm": args.wpm, "max_p99_ms": args.max_p99_ms, "real_time_on": args.real_time_on,
            "cpus": os.cpu_count()}
-    print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}), speakers at "
+    print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}, {model.get('dtype', '?')}), speakers at "
           f"{args.wpm:g} wpm, {len(sentences)} source sentences ≤ {args.max_words} words, {os.cpu_count()} CPUs")
     best = 0
     if "ramp" not in skip:

@@ -16,6 +16,7 @@ FLAGS = {
     "--host": ("host", {}),
     "--port": ("port", {"type": int}),
     "--device": ("device", {"help": "auto (default), cpu, cuda, cuda:N"}),
+    "--dtype": ("dtype", {"help": "float32 (default), bfloat16 (may change outputs), float16 (CUDA only)"}),
     "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),

@@ -89,6 +89,7 @@ class ModelEngine:
             knobs["delta"] = {"default": c.default_delta, "min": 0.0, "max": self.max_delta}
         return {"name": self.name, "policy": c.policy, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
+                "dtype": str(self.dec.dtype).removeprefix("torch."),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},
                 "active_streams": len(self.handles)}
 

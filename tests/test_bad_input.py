@@ -113,6 +113,8 @@ def test_translate_command(trained):
 @pytest.mark.parametrize("args,message", [
     (["--k", "0"], "k must be an integer >= 1"),
     (["--delta", "-1"], "delta is a GMA setting"),
+    (["--dtype", "float16"], "float16 inference needs a CUDA device"),
+    (["--dtype", "int8"], "unknown dtype"),
 ])
 def test_translate_command_bad_settings(trained, args, message):
     r = translate_cli("--checkpoint", str(trained["waitk"]), *args, stdin="haus\n")

@@ -111,11 +111,13 @@ def test_serve_command_and_missing_models(trained, sentences, monkeypatch, tmp_p
         resolve_models(load_settings())
     r = cli("serve", f"w={tmp_path}/missing", "--port", "1")
     assert r.returncode == 2 and "model 'w'" in r.stderr
+    r = cli("serve", f"w={trained['waitk']}", "--port", "1", "--dtype", "int8")
+    assert r.returncode == 2 and "dtype" in r.stderr and "Traceback" not in r.stderr
     lines, path = sentences
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_MAX_BATCH": "8"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_MAX_BATCH": "8", "SIMULSERVE_DTYPE": "bfloat16"}
     proc = subprocess.Popen([sys.executable, "-m", "models.cli", "serve", f"w={trained['waitk']}", "--port",
                              str(port), "--host", "127.0.0.1", "--log-level", "warning"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -128,7 +130,8 @@ def test_serve_command_and_missing_models(trained, sentences, monkeypatch, tmp_p
             except httpx.HTTPError:
                 time.sleep(0.2)
         info = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["models"][0]
-        assert info["name"] == "w" and info["batching"]["max_batch"] == 8   # env var setting
+        assert info["name"] == "w" and info["batching"]["max_batch"] == 8   # env var settings
+        assert info["dtype"] == "bfloat16"
         r = cli("stream", str(path), "--url", f"127.0.0.1:{port}", "--wpm", "0", "--no-stats")
         assert r.returncode == 0 and len(r.stdout.splitlines()) == len(lines), r.stderr
     finally:

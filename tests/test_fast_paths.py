@@ -13,6 +13,8 @@ from torch import nn
 
 from models import gma
 from models.attention import MultiHeadAttention, visible_mask
+from models.bench_engine import bench_fast_paths
+from models.checkpoint import CheckpointError, load_checkpoint, pick_dtype
 from models.packed_linear import PackedLinear, pack_for_inference, packing_available
 from models.step import StreamingDecoder
 from models.synthetic import make_pairs
@@ -102,22 +104,45 @@ def test_packed_copy_leaves_the_model_alone_and_computes_the_same(policy, word_t
     torch.testing.assert_close(lb, la, atol=1e-4, rtol=1e-4)
 
 
-@needs_packing
 @pytest.mark.parametrize("policy", ["offline", "waitk", "gma"])
-def test_packed_and_unpacked_streaming_agree(policy, trained_decoders):
-    """The same trained weights through the packed step and through the plain model."""
-    import models.step as step
+def test_fast_and_plain_streaming_agree(policy, trained_decoders):
+    """The same trained weights through the fast step and through the plain model
+    (F.linear, explicit attention): the baseline of `simulserve bench step`."""
     dec = trained_decoders[policy]
-    original = step.pack_for_inference
-    step.pack_for_inference = lambda m: m
-    try:
-        plain = StreamingDecoder(dec.model, dec.tok)
-    finally:
-        step.pack_for_inference = original
-    assert plain.net is plain.model and dec.net is not dec.model
+    plain = StreamingDecoder(dec.model, dec.tok, fast=False)
+    assert all(not m.fused_kernel for m in plain.net.modules() if isinstance(m, MultiHeadAttention))
     sentences = [s for s, _ in make_pairs(20, seed=31)]
     fast, slow = simulate(dec, sentences), simulate(plain, sentences)
     assert [(r.prediction, r.token_delays) for r in fast] == [(r.prediction, r.token_delays) for r in slow]
+
+
+def test_bench_step_rows(trained_decoders):
+    dec = trained_decoders["gma"]
+    rows = bench_fast_paths(dec.model, dec.tok, [s for s, _ in make_pairs(6, seed=5)], batch_sizes=(1, 3),
+                            sentences=4, rounds=1)
+    assert [r["batch_size"] for r in rows] == [1, 3]
+    assert all(r["identical"] and r["sentences"] == 4 and r["fast_ms_per_token"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("policy", ["waitk", "gma"])
+def test_bfloat16_inference_runs_and_keeps_the_trained_behaviour(policy, trained):
+    """bfloat16 weights go through the same step (packed where available); the copy task's
+    answers survive the lower precision (the README measures what it costs on real data)."""
+    model, tok, _ = load_checkpoint(trained[policy], dtype=torch.bfloat16)
+    dec = StreamingDecoder(model, tok)
+    assert dec.dtype == torch.bfloat16
+    pairs = make_pairs(30, seed=99)
+    out = simulate(dec, [s for s, _ in pairs])
+    assert sum(r.prediction == t for r, (_, t) in zip(out, pairs)) >= 24
+
+
+def test_pick_dtype():
+    assert pick_dtype(None, torch.device("cpu")) == torch.float32
+    assert pick_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(CheckpointError, match="CUDA"):
+        pick_dtype("float16", torch.device("cpu"))
+    with pytest.raises(CheckpointError, match="unknown dtype"):
+        pick_dtype("int8", torch.device("cpu"))
 
 
 def test_no_packing_where_it_is_not_available(word_tok):
