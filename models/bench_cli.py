@@ -26,6 +26,8 @@ def register(sub) -> None:
     st.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
     st.add_argument("--threads", type=int, default=1, help="torch threads")
     st.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    st.add_argument("--gemm", action="store_true",
+                    help="also: GFLOP/s of single linears (the matrix units' rate) in float32 and bfloat16")
     st.add_argument("--json", help="also write the rows here")
     st.set_defaults(func=run_step)
     try:
@@ -66,9 +68,19 @@ def run_step(args) -> int:
     for r in rows:
         print(f"| {r['batch_size']} | {r['target_tokens']} | {r['fast_ms_per_token']:.2f} | "
               f"{r['plain_ms_per_token']:.2f} | {r['speedup']:.2f}x | {'yes' if r['identical'] else 'NO'} |")
+    out = {"step": rows}
+    if args.gemm:
+        from models.bench_engine import gemm_rates
+        out["gemm"] = gemm_rates()
+        print(f"\nsingle linears, weight in cache, {args.threads} thread(s)")
+        print("| dtype | packed | out × in | batch | µs | GFLOP/s |")
+        print("|---|:---:|---|---:|---:|---:|")
+        for r in out["gemm"]:
+            print(f"| {r['dtype']} | {'yes' if r['packed'] else 'no'} | {r['shape'][0]} × {r['shape'][1]} | "
+                  f"{r['batch']} | {r['us']:.1f} | {r['gflops']:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
 
 

@@ -143,3 +143,32 @@ def bench_fast_paths(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32)
                      "fast_ms_per_token": fast_ms, "plain_ms_per_token": plain_ms,
                      "speedup": plain_ms / fast_ms, "identical": outputs["fast"] == outputs["plain"]})
     return rows
+
+
+def gemm_rates(shapes=((1024, 256), (8000, 256)), batch_sizes=(1, 8, 64, 256),
+               dtypes=(torch.float32, torch.bfloat16), seconds: float = 0.3) -> list[dict]:
+    """GFLOP/s of one linear (out × in) on `batch` rows, alone in a loop (its weight stays in
+    cache): what the matrix units reach, to set against what a streaming step gets. Packed for
+    oneDNN where available (as the step runs them), else F.linear."""
+    import torch.nn.functional as F
+
+    from models.packed_linear import PackedLinear, packing_available
+    rows = []
+    for dtype in dtypes:
+        packed = packing_available(torch.device("cpu"), dtype)
+        for out_f, in_f in shapes:
+            w = torch.randn(out_f, in_f, dtype=dtype) * 0.05
+            lin = PackedLinear(w, None) if packed else (lambda x, w=w: F.linear(x, w))
+            for b in batch_sizes:
+                x = torch.randn(b, in_f, dtype=dtype)
+                with torch.inference_mode():
+                    for _ in range(3):
+                        lin(x)
+                    n, t0 = 0, time.perf_counter()
+                    while time.perf_counter() - t0 < seconds:
+                        lin(x)
+                        n += 1
+                dt = (time.perf_counter() - t0) / n
+                rows.append({"dtype": str(dtype).removeprefix("torch."), "packed": packed, "shape": [out_f, in_f],
+                             "batch": b, "us": dt * 1e6, "gflops": 2 * out_f * in_f * b / dt / 1e9})
+    return rows

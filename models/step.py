@@ -264,13 +264,14 @@ class StreamingDecoder:
             self.pool.write("dec_k", layer, slots[keep], t[keep], kk[keep, :, 0])
             self.pool.write("dec_v", layer, slots[keep], t[keep], vv[keep, :, 0])
         outs = []
+        sums = info["running"].tolist() if "running" in info else None  # one conversion, not one per stream
         for r, s in enumerate(states):
             if read[r]:
                 s.need = need[r]
                 outs.append(self._read(s, need[r]))
                 continue
-            if running is not None:
-                s.gma_running = info["running"][r].tolist()
+            if sums is not None:
+                s.gma_running = sums[r]
             if s.record is not None:
                 s.record.append({"n": info["n"][r].tolist(),
                                  "p": info["p"][r].tolist() if "p" in info else None,
