@@ -44,6 +44,11 @@ class StreamingDecoder:
         self.out_packed = PackedLinear(model.embed.weight, None) if packed else None
         self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
 
+    def release_model(self) -> None:
+        """Forget the caller's model where the steps run a copy of it (a server never saves,
+        moves or trains it), so that its weights can be freed; `model` then names the copy."""
+        self.model = self.net
+
     # ---- stream life cycle ------------------------------------------------
     def new_stream(self, k: int | None = None, delta: float | None = None, beam: int = 1,
                    record: bool = False, policy: Policy | None = None) -> StreamState:

@@ -58,7 +58,10 @@ class ServerState:
             dtype = pick_dtype(s.dtype, device)
             for name, path in self.checkpoints.items():
                 model, tok, _ = await asyncio.to_thread(load_checkpoint, path, device, dtype)
-                eng = ModelEngine(name, StreamingDecoder(model, tok), metrics=self.metrics,
+                decoder = StreamingDecoder(model, tok)
+                decoder.release_model()   # only the inference copy is needed to serve
+                del model
+                eng = ModelEngine(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
                                   batch_window_ms=s.batch_window_ms, continuations=s.continuations,
                                   max_k=s.max_k, max_delta=s.max_delta,

@@ -149,3 +149,22 @@ def test_no_packing_where_it_is_not_available(word_tok):
     assert not packing_available(torch.device("cpu"), torch.float16)
     model = random_decoder(word_tok, "gma", seed=4).model.to(torch.float16)
     assert pack_for_inference(model) is model
+
+
+@needs_packing
+def test_release_model_frees_the_callers_weights(trained):
+    import gc
+    import weakref
+    model, tok, _ = load_checkpoint(trained["gma"])
+    ref = weakref.ref(model)
+    dec = StreamingDecoder(model, tok)
+    sentences = [s for s, _ in make_pairs(10, seed=41)]
+    before = [(r.prediction, r.token_delays) for r in simulate(dec, sentences)]
+    del model
+    gc.collect()
+    assert ref() is not None            # still the decoder's `model`
+    dec.release_model()
+    gc.collect()
+    assert ref() is None and dec.model is dec.net
+    assert [(r.prediction, r.token_delays) for r in simulate(dec, sentences)] == before
+
