@@ -4,9 +4,9 @@ Per decoder layer, the scaled projected query q_i predicts an incremental step
 Δp_i = exp(v_p · tanh(W_p q_i)) > 0 (Δp_0 = 0). The aligned source position is
 p_i = clamp(Σ_{t<=i} Δp_t, 0.9, max); the window holds the first ceil(p_i + δ)
 source positions and a Gaussian prior centred on p_i (σ = p_i / 2) multiplies the
-softmax before renormalising (applied as log G added to the logits). Heads of a layer share one p (Δp comes from the
-concatenated heads' query). Everything here is in fp32: ceil() and the prior
-are where low precision would change decisions.
+softmax before renormalising (applied as log G added to the logits). Heads of a
+layer share one p (Δp comes from the concatenated heads' query). Everything here
+is in fp32: ceil() and the prior are where low precision would change decisions.
 """
 from __future__ import annotations
 

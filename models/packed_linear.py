@@ -4,9 +4,9 @@ Why: a streaming step multiplies a few rows (one per stream) by each weight
 matrix. PyTorch's default CPU path (MKL sgemm) re-packs the whole weight at
 every call, which dominates at that size (the 8000×256 output projection for 8
 rows: ~1.2-2.2 ms); oneDNN with the weight reordered once does it in ~0.5 ms.
-It has a second property the server relies on: a row's result does not depend
-on how many other rows are in the call (MKL's differs in the last bits between
-batch sizes), so a stream's output is bit-for-bit the same alone or batched.
+It has a second property: a row's result does not depend on how many other
+rows are in the call (MKL's differs in the last bits between batch sizes), so a
+stream's numbers are bit-for-bit the same alone or batched.
 
 `pack_for_inference(model)` returns a copy of the model with every nn.Linear
 replaced, and the projections that share an input fused into one product (a
@@ -21,9 +21,6 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-_ACTIVATIONS = {"none", "relu", "tanh"}
-
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packed linears run here and agree with F.linear on a probe."""
@@ -40,34 +37,31 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """y = act(x W^T + b) for one or several nn.Linear stacked along the output
-    (a fused query/key/value projection is three of them); inference only."""
+    """y = x W^T + b for one or several nn.Linear stacked along the output (a fused
+    query/key/value projection is three of them); inference only."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}")
         weight = weight.detach().contiguous()
         self.out_features, self.in_features = weight.shape
-        self.activation = activation
         # the reordered weight is an opaque oneDNN layout: a buffer, never a parameter
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, None), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
 
     @classmethod
-    def of(cls, *linears: nn.Linear, activation: str = "none") -> "PackedLinear":
+    def of(cls, *linears: nn.Linear) -> "PackedLinear":
         weight = torch.cat([lin.weight for lin in linears], 0)
         biases = [lin.bias for lin in linears]
         if any(b is None for b in biases) and not all(b is None for b in biases):
             raise ValueError("fused linears must all have a bias or none")
         bias = None if biases[0] is None else torch.cat(biases, 0)
-        return cls(weight, bias, activation)
+        return cls(weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.activation, [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, activation={self.activation}"
+        return f"in={self.in_features}, out={self.out_features}"
 
 
 def pack_for_inference(model: nn.Module) -> nn.Module:
