@@ -14,9 +14,9 @@ import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
+from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
 from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
-from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
 

@@ -35,6 +35,16 @@ PLACEHOLDER = """<!doctype html><meta charset="utf-8"><title>simulserve</title>
 see <a href="/docs">/docs</a>, <a href="/v1/models">/v1/models</a>, <a href="/v1/protocol">/v1/protocol</a>.</p>"""
 
 
+def _load_decoder(path, device, dtype):
+    """A checkpoint's streaming decoder, keeping only the inference copy of the weights."""
+    from models.checkpoint import load_checkpoint
+    from models.step import StreamingDecoder
+    model, tok, _ = load_checkpoint(path, device, dtype)
+    decoder = StreamingDecoder(model, tok)
+    decoder.release_model()   # a server never saves, moves or trains the model
+    return decoder
+
+
 class ServerState:
     """Everything one app owns: settings, metrics, engines (loaded in the background)."""
 
@@ -47,8 +57,7 @@ class ServerState:
         self.active = 0
 
     async def load(self) -> None:
-        from models.checkpoint import load_checkpoint, pick_device, pick_dtype
-        from models.step import StreamingDecoder
+        from models.checkpoint import pick_device, pick_dtype
         s = self.settings
         try:
             if s.torch_threads:
@@ -57,10 +66,8 @@ class ServerState:
             device = pick_device(s.device)
             dtype = pick_dtype(s.dtype, device)
             for name, path in self.checkpoints.items():
-                model, tok, _ = await asyncio.to_thread(load_checkpoint, path, device, dtype)
-                decoder = StreamingDecoder(model, tok)
-                decoder.release_model()   # only the inference copy is needed to serve
-                del model
+                # loading and packing the weights is model work: off the event loop
+                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype)
                 eng = ModelEngine(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
                                   batch_window_ms=s.batch_window_ms, continuations=s.continuations,

@@ -332,8 +332,8 @@ async def _main(args, base) -> int:
     skip = set(filter(None, args.skip.split(",")))
     out = {"model": model, "wpm": args.wpm, "max_p99_ms": args.max_p99_ms, "real_time_on": args.real_time_on,
            "cpus": os.cpu_count()}
-    print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}, {model.get('dtype', '?')}), speakers at "
-          f"{args.wpm:g} wpm, {len(sentences)} source sentences ≤ {args.max_words} words, {os.cpu_count()} CPUs")
+    print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}, "
+          f"{model.get('dtype', '?')}), speakers at {args.wpm:g} wpm, {len(sentences)} source sentences ≤ {args.max_words} words, {os.cpu_count()} CPUs")
     best = 0
     if "ramp" not in skip:
         which = "" if args.real_time_on == "all" else " of live words"
