@@ -13,7 +13,7 @@ scored:
 - the same metrics in the GMA paper's convention (subwords, source and target
   EOS counted, hypothesis length) -- the convention of the paper's tables.
 
-Both come from `models/latency.py`. Writes DIR/results.json, DIR/results.csv,
+Both come from `models/metrics/latency.py`. Writes DIR/results.json, DIR/results.csv,
 DIR/bleu_al.<set>.png (one curve per policy label, offline as a point) and the
 per-sentence outputs DIR/outputs/<set>/<model>.<setting>.jsonl.
 """
@@ -231,7 +231,7 @@ def score_results(results, references: list[str], tokenize: str = "13a",
     """BLEU and both latency conventions of one run (simulate() results, aligned references)."""
     import sacrebleu
 
-    from models.latency import corpus_scores, paper_convention_scores, sentence_scores
+    from models.metrics.latency import corpus_scores, paper_convention_scores, sentence_scores
 
     predictions = [r.prediction for r in results]
     metric = sacrebleu.BLEU(tokenize=tokenize)

@@ -1,4 +1,4 @@
-"""Latency scorers registered with SimulEval 1.1.4, computed by models/latency.py.
+"""Latency scorers registered with SimulEval 1.1.4, computed by models/metrics/latency.py.
 
 SimulEval has AL, LAAL, AP and DAL but no CW. Importing this module registers
 "CW"; `simuleval ... --user-dir agents --latency-metrics AL CW` imports it through
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from simuleval.evaluator.scorers.latency_scorer import LatencyScorer, register_latency_scorer
 
-from models.latency import consecutive_wait
+from models.metrics.latency import consecutive_wait
 
 
 @register_latency_scorer("CW")

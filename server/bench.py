@@ -75,7 +75,7 @@ def free_port() -> int:
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "models.cli", "serve", f"bench={args.checkpoint}",
+    cmd = [sys.executable, "-m", "clients.cli", "serve", f"bench={args.checkpoint}",
            f"bench_unbatched={args.checkpoint}", "--no-batching", "bench_unbatched", "--host", "127.0.0.1",
            "--port", str(port), "--max-streams", "100000", "--idle-timeout", "3600", "--log-level", "warning"]
     if args.server_threads:

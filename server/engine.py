@@ -25,7 +25,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from models.latency import sentence_scores
+from models.metrics.latency import sentence_scores
 from models.policy import Policy, PolicyError, make_policy
 from models.step import StreamingDecoder
 from models.stream import READ, WRITE, StreamError, StreamState, TargetWord

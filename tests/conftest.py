@@ -15,7 +15,7 @@ torch.set_num_threads(1)  # tiny models: a second thread only adds contention
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.step import StreamingDecoder  # noqa: E402
-from models.synthetic import make_pairs, make_tokenizer  # noqa: E402
+from models.data.synthetic import make_pairs, make_tokenizer  # noqa: E402
 from models.transformer import Transformer  # noqa: E402
 
 POLICIES = ("offline", "waitk", "gma")
@@ -70,7 +70,7 @@ def trained(tmp_path_factory, word_tok):
 
     Developers may set SIMULSERVE_TEST_CACHE=DIR to reuse them between runs while the
     model code is unchanged (CI always trains afresh)."""
-    from models.train import TrainConfig, Trainer
+    from models.training.train import TrainConfig, Trainer
     cache = os.environ.get("SIMULSERVE_TEST_CACHE")
     out = {}
     for policy in POLICIES:

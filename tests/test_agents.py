@@ -20,9 +20,9 @@ from simuleval.evaluator.instance import INSTANCE_TYPE_DICT  # noqa: E402
 
 from agents.simul_agent import AgentError, GMAAgent, SimulAgent, SimulStates, WaitKAgent  # noqa: E402
 from models.checkpoint import CheckpointError  # noqa: E402
-from models.latency import corpus_scores, sentence_scores  # noqa: E402
+from models.metrics.latency import corpus_scores, sentence_scores  # noqa: E402
 from models.policy import PolicyError  # noqa: E402
-from models.synthetic import make_pairs  # noqa: E402
+from models.data.synthetic import make_pairs  # noqa: E402
 from models.translate import simulate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_simuleval_command_line_completes_and_reports_metrics(simuleval_runs, na
 def test_simuleval_delays_equal_simulate_and_translate(simuleval_runs, trained, trained_decoders,
                                                        tmp_path, name):
     """instances.log (one bundled WriteAction per step) == simulate() == `simulserve translate`."""
-    from models.cli import main
+    from clients.cli import main
 
     policy, setting, _ = RUNS[name]
     run = simuleval_runs[name]
@@ -129,7 +129,7 @@ def test_simuleval_delays_equal_simulate_and_translate(simuleval_runs, trained, 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_simuleval_scores_equal_our_latency_module(simuleval_runs, trained_decoders, name):
-    """SimulEval's printed AL/AP/DAL/CW/BLEU (3 decimals) == models/latency.py + sacrebleu on simulate()."""
+    """SimulEval's printed AL/AP/DAL/CW/BLEU (3 decimals) == models/metrics/latency.py + sacrebleu on simulate()."""
     import sacrebleu
 
     policy, setting, _ = RUNS[name]

@@ -95,7 +95,7 @@ def test_whitespace_words_are_split_and_empty_ones_ignored(word_tok):
 
 def translate_cli(*args, stdin=""):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "models.cli", "translate", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "clients.cli", "translate", *args], cwd=ROOT, env=env,
                           input=stdin, capture_output=True, text=True, timeout=300)
 
 

@@ -40,7 +40,7 @@ class ServerProcess:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "models.cli", "serve", *(f"{n}={p}" for n, p in models.items()),
+        self.cmd = [sys.executable, "-m", "clients.cli", "serve", *(f"{n}={p}" for n, p in models.items()),
                     "--host", "127.0.0.1", "--port", str(self.port), "--api-key", KEY, "--torch-threads", "1",
                     "--no-warmup", "--log-level", "warning"]
         self.log = log

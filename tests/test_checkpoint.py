@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.step import StreamingDecoder
-from models.synthetic import make_pairs
+from models.data.synthetic import make_pairs
 from models.translate import simulate
 
 SENTENCES = [s for s, _ in make_pairs(6, seed=8)]

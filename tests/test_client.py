@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from models.synthetic import make_pairs
+from models.data.synthetic import make_pairs
 from server.settings import SettingsError, load_settings, resolve_models
 from test_server import LiveServer, make_reference
 
@@ -25,7 +25,7 @@ def cli(*args, stdin: str | None = None, timeout: float = 60, **env_vars) -> sub
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("SIMULSERVE_API_KEY", None)
     env.update(env_vars)
-    return subprocess.run([sys.executable, "-m", "models.cli", *args], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "clients.cli", *args], input=stdin, capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
@@ -89,7 +89,7 @@ def test_clear_messages_when_unreachable_rejected_or_full(server, sentences):
     r = cli("stream", str(path), "--url", server.http + "/nothing-here", "--api-key", KEY)
     assert r.returncode == 2 and re.search(r"HTTP (403|404|500)", r.stderr), r.stderr
     # fill the server (max_streams=2) with two slow clients, then a third is told it is full
-    slow = [subprocess.Popen([sys.executable, "-m", "models.cli", "stream", str(path), "--url", server.url,
+    slow = [subprocess.Popen([sys.executable, "-m", "clients.cli", "stream", str(path), "--url", server.url,
                               "--api-key", KEY, "--wpm", "60"], cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
             for _ in range(2)]
@@ -118,7 +118,7 @@ def test_serve_command_and_missing_models(trained, sentences, monkeypatch, tmp_p
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_MAX_BATCH": "8", "SIMULSERVE_DTYPE": "bfloat16"}
-    proc = subprocess.Popen([sys.executable, "-m", "models.cli", "serve", f"w={trained['waitk']}", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "serve", f"w={trained['waitk']}", "--port",
                              str(port), "--host", "127.0.0.1", "--log-level", "warning"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from models.cli import main
+from clients.cli import main
 from models.data import Pair, bible, ddtp, fetch, libreoffice, prepare
 
 DE_WORDS = "Haus Baum Wasser Licht Stadt Weg Brot Feuer Berg Himmel Erde Volk König Sohn".split()

@@ -1,5 +1,5 @@
 """`simulserve evaluate` and `simulserve plot-alignment` on tiny checkpoints: the numbers
-equal models/latency.py + sacrebleu applied to simulate(), the files are valid, bad input
+equal models/metrics/latency.py + sacrebleu applied to simulate(), the files are valid, bad input
 gives clear errors."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from models.cli import main
-from models.latency import corpus_scores, paper_convention_scores, sentence_scores
-from models.synthetic import make_pairs
+from clients.cli import main
+from models.metrics.latency import corpus_scores, paper_convention_scores, sentence_scores
+from models.data.synthetic import make_pairs
 from models.translate import simulate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -65,7 +65,7 @@ def evaluation_run(evaluation):
 
 
 def expected_row(decoder, pairs, setting) -> dict:
-    """The metrics computed independently: simulate() + models/latency.py + sacrebleu."""
+    """The metrics computed independently: simulate() + models/metrics/latency.py + sacrebleu."""
     import sacrebleu
 
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]

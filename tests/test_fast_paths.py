@@ -13,11 +13,11 @@ from torch import nn
 
 from models import gma
 from models.attention import MultiHeadAttention, visible_mask
-from models.bench_engine import bench_fast_paths
+from models.benchmarks.engine import bench_fast_paths
 from models.checkpoint import CheckpointError, load_checkpoint, pick_dtype
 from models.packed_linear import PackedLinear, pack_for_inference, packing_available
 from models.step import StreamingDecoder
-from models.synthetic import make_pairs
+from models.data.synthetic import make_pairs
 from models.translate import simulate
 
 needs_packing = pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.float32),

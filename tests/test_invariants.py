@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import random_decoder
 
-from models.synthetic import make_pairs
+from models.data.synthetic import make_pairs
 from models.translate import simulate
 
 SENTENCES = [src for src, _ in make_pairs(12, min_len=1, max_len=10, seed=21)]

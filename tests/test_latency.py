@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from models.latency import (
+from models.metrics.latency import (
     LatencyScores,
     average_lagging,
     average_proportion,
@@ -141,7 +141,7 @@ def test_bad_input_raises_value_error(call, message):
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, models.latency; sys.exit('torch' in sys.modules)"
+    code = "import sys, models.metrics.latency; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from conftest import decoder_from
-from models.synthetic import make_pairs
+from models.data.synthetic import make_pairs
 from models.translate import simulate
 from server.app import create_app
 from server.protocol import ERRORS, server_adapter

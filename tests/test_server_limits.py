@@ -12,7 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from models.synthetic import make_pairs
+from models.data.synthetic import make_pairs
 from server.protocol import ERRORS
 from test_server import LiveServer, assert_matches, codes, make_reference, sentence_messages, talk
 

@@ -74,7 +74,7 @@ def test_translate_command_uses_the_shipped_default(tmp_path):
     src = tmp_path / "in.de"
     src.write_text(SENTENCES[0][0] + "\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "models.cli", "translate", "-i", str(src)], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-m", "clients.cli", "translate", "-i", str(src)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import POLICIES, random_decoder
 
-from models.synthetic import make_pairs
+from models.data.synthetic import make_pairs
 from models.translate import simulate
 
 SENTENCES = [src for src, _ in make_pairs(10, min_len=1, max_len=9, seed=7)]
@@ -102,7 +102,7 @@ def test_trained_models_copy(trained_decoders):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_streaming_equals_naive_recomputation(policy, trained_decoders, word_tok):
     """The benchmark's baseline (re-encode on every READ, decoder without cache) agrees exactly."""
-    from models.bench_engine import naive_translate
+    from models.benchmarks.engine import naive_translate
     for dec in (trained_decoders[policy], random_decoder(word_tok, policy, seed=12)):
         for r, sentence in zip(simulate(dec, SENTENCES[:5]), SENTENCES[:5]):
             tokens, delays = naive_translate(dec.model, dec.tok, sentence)

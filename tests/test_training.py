@@ -13,9 +13,9 @@ import torch
 from conftest import ROOT, tiny_config
 from safetensors.torch import load_file, save_file
 
-from models.synthetic import make_pairs
-import models.train as train_module
-from models.train import TrainConfig, Trainer, average_weights, inverse_sqrt_lr
+from models.data.synthetic import make_pairs
+import models.training.train as train_module
+from models.training.train import TrainConfig, Trainer, average_weights, inverse_sqrt_lr
 
 MODEL_KEYS_DROPPED = ("vocab_size", "src_lang", "tgt_lang", "pad_id", "unk_id", "bos_id", "eos_id")
 
@@ -120,10 +120,10 @@ def cli(*args, **kw):
 
 def test_train_command_trains_and_resumes(word_tok, tmp_path):
     recipe = write_recipe(word_tok, tmp_path)
-    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "5", "--max-epochs", "5")
+    r = cli("-m", "clients.cli", "train", str(recipe), "--no-progress", "--max-steps", "5", "--max-epochs", "5")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 5
-    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", "9", "--max-epochs", "5")
+    r = cli("-m", "clients.cli", "train", str(recipe), "--no-progress", "--max-steps", "9", "--max-epochs", "5")
     assert r.returncode == 0, r.stderr
     assert "resuming at step 5" in r.stdout
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 9
@@ -132,7 +132,7 @@ def test_train_command_trains_and_resumes(word_tok, tmp_path):
 def test_sigterm_saves_state_and_checkpoint_then_resumes(word_tok, tmp_path):
     recipe = write_recipe(word_tok, tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "models.cli", "train", str(recipe), "--no-progress",
+    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "train", str(recipe), "--no-progress",
                              "--max-steps", "1000000", "--max-epochs", "100000"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -148,7 +148,7 @@ def test_sigterm_saves_state_and_checkpoint_then_resumes(word_tok, tmp_path):
     saved = json.loads((out_dir / "train_state" / "state.json").read_text())["step"]
     assert saved == result["step"]
     assert json.loads((out_dir / "checkpoint" / "config.json").read_text())["training"]["steps"] == saved
-    r = cli("-m", "models.cli", "train", str(recipe), "--no-progress", "--max-steps", str(saved + 2),
+    r = cli("-m", "clients.cli", "train", str(recipe), "--no-progress", "--max-steps", str(saved + 2),
             "--max-epochs", "100000")
     assert r.returncode == 0, r.stderr
     assert f"resuming at step {saved}" in r.stdout
@@ -157,20 +157,20 @@ def test_sigterm_saves_state_and_checkpoint_then_resumes(word_tok, tmp_path):
 
 def test_bad_recipe_is_a_clear_error(tmp_path):
     (tmp_path / "bad.yaml").write_text("output: x\nmodel: {}\nlearning_rate: 1\n")
-    r = cli("-m", "models.cli", "train", str(tmp_path / "bad.yaml"))
+    r = cli("-m", "clients.cli", "train", str(tmp_path / "bad.yaml"))
     assert r.returncode == 2 and "unknown training config keys" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_distributed_training_with_two_gloo_processes(word_tok, tmp_path):
     recipe = write_recipe(word_tok, tmp_path)
     r = cli("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-            "-m", "models.cli", "train", str(recipe), "--no-progress", "--device", "cpu", "--threads", "1")
+            "-m", "clients.cli", "train", str(recipe), "--no-progress", "--device", "cpu", "--threads", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert len(log) == 1  # one epoch, logged once (by rank 0)
     single = Trainer(TrainConfig(output=str(tmp_path / "one"), data=str(tmp_path / "data"),
                                  model=model_dict(word_tok, "gma"), max_tokens=256), progress=False)
-    from models.data_loading import make_batches
+    from models.training.data_loading import make_batches
     n_batches = len(make_batches(single.train_ex, 256, 1, 0))
     assert log[0]["step"] == n_batches // 2  # each rank took half of the batches
     assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()

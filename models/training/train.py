@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from models.checkpoint import pick_device, save_checkpoint
 from models.config import ModelConfig
-from models.data_loading import collate, encode_pairs, make_batches, read_parallel
+from models.training.data_loading import collate, encode_pairs, make_batches, read_parallel
 from models.errors import UserError
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer

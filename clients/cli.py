@@ -15,10 +15,10 @@ from models.errors import UserError
 
 # subcommand name -> module that registers it
 COMMANDS = {
-    "train": "models.train_cli",
+    "train": "models.training.cli",
     "translate": "models.translate",
     "prepare-data": "models.data.cli",
-    "bench": "models.bench_cli",
+    "bench": "clients.bench_cli",
     "evaluate": "agents.evaluate",
     "plot-alignment": "agents.plot_alignment",
     "serve": "server.cli",

@@ -52,7 +52,7 @@ def run_step(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from models.bench_engine import bench_fast_paths
+    from models.benchmarks.engine import bench_fast_paths
     from models.checkpoint import load_checkpoint, pick_dtype
     from models.shipped import resolve_checkpoint
     torch.set_num_threads(args.threads)
@@ -70,7 +70,7 @@ def run_step(args) -> int:
               f"{r['plain_ms_per_token']:.2f} | {r['speedup']:.2f}x | {'yes' if r['identical'] else 'NO'} |")
     out = {"step": rows}
     if args.gemm:
-        from models.bench_engine import gemm_rates
+        from models.benchmarks.engine import gemm_rates
         out["gemm"] = gemm_rates()
         print(f"\nsingle linears, weight in cache, {args.threads} thread(s)")
         print("| dtype | packed | out × in | batch | µs | GFLOP/s |")
@@ -88,7 +88,7 @@ def run_engine(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from models.bench_engine import bench_engine
+    from models.benchmarks.engine import bench_engine
     from models.checkpoint import load_checkpoint
     from models.errors import UserError
     from models.shipped import resolve_checkpoint, shipped_checkpoints

@@ -8,7 +8,7 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train or resume a model from a YAML recipe",
                        description="Train an offline, wait-k (multipath) or GMA model. Rerunning the "
                                    "same command resumes from OUTPUT/train_state. Multi-GPU/multi-process: "
-                                   "torchrun --nproc_per_node N -m models.cli train CONFIG")
+                                   "torchrun --nproc_per_node N -m clients.cli train CONFIG")
     p.add_argument("config", help="YAML recipe (see recipes/)")
     p.add_argument("--output", help="override the recipe's output directory")
     p.add_argument("--data", help="override the recipe's data directory")
@@ -25,7 +25,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from models.train import Trainer, load_train_config
+    from models.training.train import Trainer, load_train_config
     overrides = {k: v for k, v in {
         "output": args.output, "data": args.data, "max_minutes": args.max_minutes,
         "max_steps": args.max_steps, "max_epochs": args.max_epochs, "device": args.device,

@@ -1,0 +1,1 @@
+"""Benchmarks of the streaming step and the engine (`simulserve bench ...`)."""
