@@ -19,6 +19,7 @@ per-sentence outputs DIR/outputs/<set>/<model>.<setting>.jsonl.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
@@ -357,7 +358,13 @@ def merge_previous(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict]
 def register(sub) -> None:
     p = sub.add_parser(
         "evaluate", help="BLEU-latency sweep (AL/LAAL/AP/DAL/CW, both conventions) with table, JSON, CSV, plot",
-        description=__doc__.splitlines()[0])
+        description="Translate test sets with simulated streaming and score BLEU and latency for every "
+                    "checkpoint and setting.",
+        epilog="examples:\n"
+               "  simulserve evaluate -m gma_delta1 --delta 0.5,1,2 --data data/de-en --sets bible -o results/gma\n"
+               "  simulserve evaluate -m waitk --k 1,3,5 --source test.de --reference test.en -o results/waitk\n"
+               "  simulserve evaluate -m offline --beam 5 --data data/de-en --append -o results/gma",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "-m", action="append", required=True,
                    help="checkpoint directory or shipped model name (repeat for several)")
     p.add_argument("--label", action="append",

@@ -10,6 +10,7 @@ source subword, down = WRITE a target subword.
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -61,7 +62,14 @@ def alignment_data(decoder, sentence: str, k=None, delta=None) -> dict:
 def register(sub) -> None:
     p = sub.add_parser("plot-alignment",
                        help="heatmap of one sentence's cross-attention with GMA's p_i and the READ/WRITE path",
-                       description=__doc__.splitlines()[0])
+                       description="Translate one sentence word by word and draw each layer's cross-attention, "
+                                   "GMA's predicted positions and the READ/WRITE path.",
+                       epilog="examples:\n"
+                              "  simulserve plot-alignment -m gma_delta1 -s 'Am Anfang schuf Gott Himmel und Erde .' "
+                              "-o gma.png\n"
+                              "  simulserve plot-alignment -m waitk --k 3 -s 'Das Haus ist alt .' --layer all "
+                              "-o waitk.png --json waitk.json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "-m", help="checkpoint directory or shipped model name (default gma_delta1)")
     p.add_argument("--sentence", "-s", required=True, help="the source sentence (words separated by spaces)")
     p.add_argument("--k", type=int, help="wait-k lag (wait-k models)")

@@ -1,13 +1,27 @@
 """`simulserve bench engine|server`: benchmarks that print their figures (never asserted in tests)."""
 from __future__ import annotations
 
+import argparse
 import json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks: the streaming engine, or a running server")
+    p = sub.add_parser(
+        "bench", help="benchmarks: the streaming engine, the step, or a running server",
+        description="Benchmarks that print their figures: the engine against a naive baseline, the step with "
+                    "and without its fast paths, a server under simulated speakers.",
+        epilog="examples:\n"
+               "  simulserve bench engine -m gma_delta1 --count 3\n"
+               "  simulserve bench step --gemm\n"
+               "  simulserve bench server --checkpoint gma_delta1 --levels 1,10,25 --skip soak",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_subparsers(dest="bench", metavar="WHAT")
-    e = which.add_parser("engine", help="streaming step vs a naive re-computing baseline")
+    e = which.add_parser(
+        "engine", help="streaming step vs a naive re-computing baseline",
+        description="Per-sentence compute of the streaming step against a naive baseline that re-computes "
+                    "the whole prefix, checking both write the same tokens.",
+        epilog="example:\n  simulserve bench engine -m gma_delta1 --count 3 --lengths 10,30,100",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--checkpoint", "-m", action="append",
                    help="checkpoint dir or shipped name (repeatable; default: every shipped model)")
     e.add_argument("--source", help="text to cut sentences from (default: data/de-en/test.de)")
@@ -18,7 +32,12 @@ def register(sub) -> None:
     e.add_argument("--threads", type=int, default=1, help="torch threads (1: per-stream cost)")
     e.add_argument("--json", help="also write the rows here")
     e.set_defaults(func=run_engine)
-    st = which.add_parser("step", help="the streaming step with its fast paths vs without, per batch size")
+    st = which.add_parser(
+        "step", help="the streaming step with its fast paths vs without, per batch size",
+        description="Milliseconds per written token of the streaming step with and without its fast paths, "
+                    "per batch size.",
+        epilog="examples:\n  simulserve bench step --gemm\n  simulserve bench step --dtype bfloat16",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--checkpoint", "-m", default="gma_delta1", help="checkpoint dir or shipped name")
     st.add_argument("--source", help="sentences, one per line (default: data/de-en/test.de)")
     st.add_argument("--batch-sizes", default="1,8,32", help="streams stepped together")
@@ -34,7 +53,15 @@ def register(sub) -> None:
         from server.bench import add_server_bench_args, run_server_bench
     except ImportError:
         return
-    s = which.add_parser("server", help="simulated speakers against a running server")
+    s = which.add_parser(
+        "server", help="simulated speakers against a running server",
+        description="Simulated speakers against a server (started here, or --url): a real-time ramp, "
+                    "batched vs unbatched throughput and a memory soak.",
+        epilog="examples:\n"
+               "  simulserve bench server --checkpoint gma_delta1 --levels 1,10,25,50 --real-time-on live "
+               "--skip soak\n"
+               "  simulserve bench server --checkpoint gma_delta1 --skip ramp,throughput --soak-seconds 600",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_bench_args(s)
     s.set_defaults(func=run_server_bench)
 

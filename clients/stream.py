@@ -10,6 +10,7 @@ full or still loading, 4 API key or origin rejected, 5 other server error.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -214,8 +215,17 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
 
 
 def register(sub) -> None:
-    p = sub.add_parser("stream", help="stream text to a simulserve server and show live captions",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "stream", help="stream text to a simulserve server and show live captions",
+        description="Send a text file (or stdin) to a simulserve server at a speaking rate and show the "
+                    "captions as they are written.",
+        epilog="examples:\n"
+               "  simulserve stream talk.txt --model gma            # one sentence per line, 150 words per minute\n"
+               "  cat notes.txt | simulserve stream --auto-segment   # continuous text, cut at . ! ?\n"
+               "  simulserve stream talk.txt --url wss://mt.example.org/v1/stream --api-key KEY\n"
+               "exit codes: 0 done, 2 unreachable or not a simulserve server, 3 server full or loading,\n"
+               "4 API key or origin rejected, 5 any other refusal",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", help="text file, one sentence per line (default: stdin)")
     p.add_argument("--url", default=os.environ.get("SIMULSERVE_URL", DEFAULT_URL),
                    help=f"server websocket URL, ws:// or wss:// (default {DEFAULT_URL}; $SIMULSERVE_URL)")

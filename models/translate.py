@@ -7,6 +7,7 @@ stream's computation depends only on its own state) and is much faster.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -90,7 +91,15 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
 
 
 def register(sub) -> None:
-    p = sub.add_parser("translate", help="translate sentences with simulated streaming (JSON lines out)")
+    p = sub.add_parser(
+        "translate", help="translate sentences with simulated streaming (JSON lines out)",
+        description="Translate sentences word by word as a stream would see them; one JSON line per sentence "
+                    "(prediction, delays, compute time).",
+        epilog="examples:\n"
+               "  echo 'Das Haus ist sehr alt .' | simulserve translate       # gma_delta1, word by word\n"
+               "  simulserve translate -m waitk --k 5 -i test.de -o out.jsonl\n"
+               "  simulserve translate -m offline --beam 5 --offline -i test.de",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "-m", help="checkpoint directory or shipped model name (default gma_delta1)")
     p.add_argument("--input", "-i", help="source sentences, one per line (default: stdin)")
     p.add_argument("--output", "-o", help="JSON lines output (default: stdout)")

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -46,8 +47,16 @@ LIST_FLAGS = {
 
 
 def register(sub) -> None:
-    p = sub.add_parser("serve", help="run the websocket streaming server",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "serve", help="run the websocket streaming server (and the caption page at /)",
+        description="Load checkpoints once and serve live streams on /v1/stream (also /health, /v1/models, "
+                    "/v1/protocol, /metrics and the caption page at /).",
+        epilog="examples:\n"
+               "  simulserve serve                                  # every shipped model on 127.0.0.1:8000\n"
+               "  simulserve serve gma=gma_delta1 waitk=waitk --host 0.0.0.0 --api-key KEY\n"
+               "  simulserve serve mine=runs/gma_delta1/checkpoint --config server.yaml\n"
+               "settings: flags > SIMULSERVE_* environment > YAML (--config) > defaults",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", metavar="NAME=PATH",
                    help="checkpoints to serve (a directory or a shipped model name; NAME= may be left out)")
     p.add_argument("--config", help="YAML settings file (also $SIMULSERVE_CONFIG)")

@@ -1,14 +1,19 @@
 """`simulserve train CONFIG`: train (or resume) a model from a YAML recipe."""
 from __future__ import annotations
 
+import argparse
 import json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train or resume a model from a YAML recipe",
-                       description="Train an offline, wait-k (multipath) or GMA model. Rerunning the "
-                                   "same command resumes from OUTPUT/train_state. Multi-GPU/multi-process: "
-                                   "torchrun --nproc_per_node N -m clients.cli train CONFIG")
+    p = sub.add_parser(
+        "train", help="train or resume a model from a YAML recipe",
+        description="Train an offline, wait-k (multipath) or GMA model; rerunning the same command resumes.",
+        epilog="examples:\n"
+               "  simulserve train recipes/gma_delta1.yaml                  # rerun to resume\n"
+               "  simulserve train recipes/waitk.yaml --max-minutes 120 --threads 1\n"
+               "  torchrun --nproc_per_node 2 -m clients.cli train recipes/gma_delta1.yaml   # several GPUs",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="YAML recipe (see recipes/)")
     p.add_argument("--output", help="override the recipe's output directory")
     p.add_argument("--data", help="override the recipe's data directory")
