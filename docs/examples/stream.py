@@ -3,7 +3,7 @@ import asyncio, json, sys
 from websockets.asyncio.client import connect  # pip install websockets
 
 URL = sys.argv[1] if len(sys.argv) > 1 else "ws://127.0.0.1:8000/v1/stream"
-TEXT = sys.argv[2] if len(sys.argv) > 2 else "Am Anfang schuf Gott Himmel und Erde ."
+TEXT = sys.argv[2] if len(sys.argv) > 2 else "Klicken Sie auf Speichern, um das Dokument zu speichern."
 
 async def speak(ws, words):
     for word in words:  # one word at a time, at a speaker's pace
