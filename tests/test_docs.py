@@ -94,6 +94,18 @@ def simulserve_argvs(line: str) -> list[list[str]]:
     return out
 
 
+def paragraphs(prose: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Consecutive prose lines joined: (first line number, text)."""
+    out, last = [], None
+    for n, line in prose:
+        if line.strip() and last is not None and n == last + 1 and out:
+            out[-1] = (out[-1][0], out[-1][1] + " " + line.strip())
+        elif line.strip():
+            out.append((n, line.strip()))
+        last = n if line.strip() else None
+    return out
+
+
 def command_lines(page: Path):
     """(line number, argv, whole command?) of every simulserve command in code blocks and inline code.
 
@@ -103,8 +115,8 @@ def command_lines(page: Path):
     for n, line in code:
         for argv in simulserve_argvs(line):
             yield n, argv, True
-    for n, line in prose:
-        for span in re.findall(r"`([^`]+)`", line):
+    for n, paragraph in paragraphs(prose):  # inline code may wrap across lines
+        for span in re.findall(r"`([^`]+)`", paragraph):
             if span.startswith("simulserve") or " clients.cli " in span:
                 for argv in simulserve_argvs(span):
                     yield n, argv, len(argv) > 2 or any(a.startswith("-") for a in argv)
@@ -314,3 +326,42 @@ def test_no_arguments_lists_every_subcommand_without_importing_them():
     for name, (_, summary) in COMMANDS.items():
         assert sum(1 for line in lines if line.split()[:1] == [name] and line.strip().endswith(summary)) == 1
     assert lines[-1] == "False 2", "listing the subcommands should not import the server (FastAPI)"
+
+
+# ---------------------------------------------------------------- the README's figures and examples
+def readme_table(first_header: str) -> list[list[str]]:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("| " + first_header))
+    rows = []
+    while i < len(lines) and lines[i].startswith("|"):
+        rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+        i += 1
+    return rows[2:]
+
+
+def test_readme_model_table_matches_the_results():
+    """Each BLEU / AL cell of the README's model table equals docs/results/results.csv (rounded)."""
+    import csv
+    rows = list(csv.DictReader(open(ROOT / "docs" / "results" / "results.csv", encoding="utf-8")))
+    setting_of = {"δ = 1": "delta=1", "δ = 2": "delta=2", "k = 3": "k=3", "k = 5": "k=5",
+                  "greedy": "offline", "beam 5": "offline beam=5"}
+    table = readme_table("model | policy, setting")
+    assert len(table) >= 6
+    for model, setting, *cells in table:
+        model = first_code(model)
+        key = next(v for k, v in setting_of.items() if setting.endswith(k))
+        for set_name, cell in zip(("test.bible", "test.ddtp", "test.libreoffice"), cells):
+            row = next(r for r in rows if r["set"] == set_name and r["model"] == model and r["setting"] == key)
+            assert cell == f"{float(row['BLEU']):.2f} / {float(row['AL']):.2f}", (model, setting, set_name)
+
+
+@pytest.mark.slow
+def test_readme_translations_are_what_the_shipped_model_writes():
+    from models.checkpoint import load_checkpoint
+    from models.shipped import resolve_checkpoint
+    from models.step import StreamingDecoder
+    from models.translate import simulate
+    rows = readme_table("German | English (gma_delta1)")
+    model, tok, _ = load_checkpoint(resolve_checkpoint("gma_delta1"))
+    got = simulate(StreamingDecoder(model, tok), [de for de, _ in rows], batch_size=8)
+    assert [r.prediction for r in got] == [en for _, en in rows]
