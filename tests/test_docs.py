@@ -355,7 +355,6 @@ def test_readme_model_table_matches_the_results():
             assert cell == f"{float(row['BLEU']):.2f} / {float(row['AL']):.2f}", (model, setting, set_name)
 
 
-@pytest.mark.slow
 def test_readme_translations_are_what_the_shipped_model_writes():
     from models.checkpoint import load_checkpoint
     from models.shipped import resolve_checkpoint
@@ -365,3 +364,17 @@ def test_readme_translations_are_what_the_shipped_model_writes():
     model, tok, _ = load_checkpoint(resolve_checkpoint("gma_delta1"))
     got = simulate(StreamingDecoder(model, tok), [de for de, _ in rows], batch_size=8)
     assert [r.prediction for r in got] == [en for _, en in rows]
+
+
+def test_models_import_nothing_above_them():
+    """docs/architecture.md: the layers only point downwards; models/ imports nothing from server/,
+    agents/ or clients/ (not even lazily inside a function)."""
+    import ast
+    bad = []
+    for path in sorted((ROOT / "models").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{rel(path)}:{node.lineno}: {n}" for n in names
+                    if n.split(".")[0] in ("server", "agents", "clients")]
+    assert not bad, "models/ imports from a higher layer:\n" + "\n".join(bad)

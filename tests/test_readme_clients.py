@@ -100,10 +100,10 @@ def test_browser_client_streams_a_sentence(browser, server, expected):
 
 @pytest.mark.slow
 def test_readme_shows_what_the_python_client_prints_with_the_shipped_models():
-    """The README's sample output is what `python docs/examples/stream.py` prints against `make serve`
+    """The README's sample output is what `docs/examples/stream.py` prints against `make serve`
     (whose first model is gma_delta1)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    shown = text.split("$ python docs/examples/stream.py\n", 1)[1].split("```", 1)[0]
+    shown = text.split("$ .venv/bin/python docs/examples/stream.py\n", 1)[1].split("```", 1)[0]
     with LiveServer(models={"gma_delta1": "gma_delta1"}, torch_threads=1) as srv:
         out = subprocess.run([sys.executable, str(EXAMPLES / "stream.py"), srv.url],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
