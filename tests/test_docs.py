@@ -378,3 +378,20 @@ def test_models_import_nothing_above_them():
             bad += [f"{rel(path)}:{node.lineno}: {n}" for n in names
                     if n.split(".")[0] in ("server", "agents", "clients")]
     assert not bad, "models/ imports from a higher layer:\n" + "\n".join(bad)
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p != README and python_blocks(p)], ids=lambda p: p.name)
+def test_python_examples_run_and_show_their_values(page):
+    """Every Python block of docs/ runs; a line `expression  # 3.214...` shows the value it evaluates to."""
+    for block in python_blocks(page):
+        namespace: dict = {}
+        exec(compile(block, str(page), "exec"), namespace)
+        for line in block.splitlines():
+            m = re.match(r"^([\w.]+(?:\(\))?)\s+#\s+(-?\d+\.\d+)", line)
+            if m:
+                shown = m.group(2)
+                assert f"{eval(m.group(1), namespace):.{len(shown.split('.')[1])}f}" == shown, line
