@@ -162,6 +162,15 @@ class ModelEngine:
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
+    async def shrink_cache(self) -> None:
+        """Give back cache slots that stayed unused since the last call (in the executor: only it
+        touches the pool)."""
+        loop = asyncio.get_running_loop()
+        given = await loop.run_in_executor(self._executor, self.dec.pool.shrink)
+        if given:
+            log.info("model %s: %d idle cache slots given back (%d left)", self.name, given,
+                     self.dec.pool.capacity)
+
     # ---- scheduler (event loop) --------------------------------------------------------
     def _ready(self) -> list[StreamHandle]:
         out = []

@@ -39,6 +39,11 @@ class Metrics:
                                           "word needed to its emission (queueing + compute)", ["model"],
                                           buckets=_MS, registry=r)
         self.errors = Counter("simulserve_errors", "errors sent to clients, by code", ["code"], registry=r)
+        self.refusals = Counter("simulserve_refusals", "connections refused or closed by a guard, by reason "
+                                "(ip_connections, ip_auth_failures, start_timeout, header_too_large, "
+                                "too_many_headers, head_timeout, ping_flood, invalid_utf8)", ["reason"], registry=r)
+        self.ip_connections = Gauge("simulserve_client_addresses", "client addresses with an open websocket",
+                                    registry=r)
         self.warnings = Counter("simulserve_warnings", "warnings sent to clients, by code", ["code"], registry=r)
 
     def render(self) -> bytes:
