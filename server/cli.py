@@ -99,11 +99,11 @@ def settings_from_args(args):
 
 
 def run(args) -> int:
-    from server.app import create_app
-    from server.guard import uvicorn_config
     from server.settings import SettingsError
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args)   # bad settings are reported before the slow imports
+        from server.app import create_app
+        from server.guard import uvicorn_config
         app = create_app(settings)
     except (SettingsError, ValueError) as e:
         print(f"simulserve serve: {e}", file=sys.stderr)

@@ -167,6 +167,7 @@ class ModelEngine:
         touches the pool)."""
         loop = asyncio.get_running_loop()
         given = await loop.run_in_executor(self._executor, self.dec.pool.shrink)
+        self.metrics.cache_capacity.labels(self.name).set(self.dec.pool.capacity)
         if given:
             log.info("model %s: %d idle cache slots given back (%d left)", self.name, given,
                      self.dec.pool.capacity)
@@ -243,6 +244,7 @@ class ModelEngine:
             if h.out.qsize() > self.max_output and h.kill is not None:
                 h.kill("slow_consumer")
         m.cache_slots.labels(name).set(self.dec.pool.in_use)
+        m.cache_capacity.labels(name).set(self.dec.pool.capacity)
 
     # ---- executor (worker thread) ----------------------------------------------------
     def _execute(self, batch: list[StreamHandle], closing: list[StreamState]):

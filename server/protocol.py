@@ -218,18 +218,26 @@ def parse_client_message(text: str):
     if bad is not None:  # JSON allows lone surrogates ("\ud800"); UTF-8, tokenizers and our replies do not
         raise ProtocolError("bad_message", f"{bad}: invalid Unicode (a lone surrogate)", msg_id)
     if data.get("type") not in CLIENT_TYPES:
-        raise ProtocolError("unknown_type", f"unknown message type {data.get('type')!r}; expected one of "
+        raise ProtocolError("unknown_type", f"unknown message type {_brief(data.get('type'))}; expected one of "
                             + ", ".join(CLIENT_TYPES), msg_id)
     try:
         msg = _client_adapter.validate_python(data)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}"
                              for err in e.errors()[:3])
+        if len(problems) > 300:   # field names come from the client: keep the reply small
+            problems = problems[:297] + "..."
         raise ProtocolError("bad_message", f"invalid {data['type']!r} message: {problems}", msg_id) from None
     if isinstance(msg.id, str) and len(msg.id) > MAX_ID_CHARS or isinstance(msg.id, int) and abs(msg.id) > MAX_ID_INT:
         raise ProtocolError("bad_message", f"`id` is limited to {MAX_ID_CHARS} characters or an integer of at "
                             "most 2^53 (it is echoed in replies)")
     return msg
+
+
+def _brief(x) -> str:
+    """A client value quoted in a reply, cut short: a reply must not be as large as the message."""
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _echoable_id(x):
