@@ -41,6 +41,9 @@ FLAGS = {
     "--max-headers": ("max_headers", {"type": int, "help": "HTTP headers per request (default 100)"}),
     "--request-head-timeout": ("request_head_timeout_s", {"type": float, "help": "seconds to send an HTTP "
                                                                                  "request head (default 10)"}),
+    "--max-output-messages": ("max_output_messages", {"type": int, "help": "unsent messages to one client "
+                                                                           "before `slow_consumer` (default "
+                                                                           "20000)"}),
     "--memory-trim-s": ("memory_trim_s", {"type": float, "help": "return freed memory (heap, idle cache slots) "
                                                                  "this often (default 60; 0 = never)"}),
     "--rate-limit": ("rate_limit", {"type": float, "help": "messages per second per connection"}),
