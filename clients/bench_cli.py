@@ -1,4 +1,4 @@
-"""`simulserve bench engine|server`: benchmarks that print their figures (never asserted in tests)."""
+"""`simulserve bench engine|step|server|abuse`: benchmarks that print their figures (never asserted in tests)."""
 from __future__ import annotations
 
 import argparse
@@ -64,6 +64,10 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_bench_args(s)
     s.set_defaults(func=run_server_bench)
+    from server.bench_abuse import add_abuse_bench_args, run_abuse_bench
+    a = which.add_parser("abuse", help="a bounded mix of attacks while honest streams run (issue 15)")
+    add_abuse_bench_args(a)
+    a.set_defaults(func=run_abuse_bench)
 
 
 def _source_lines(path: str | None) -> list[str]:

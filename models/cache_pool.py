@@ -5,7 +5,10 @@ A loaded model is shared by all streams; what each stream has computed so far
 keys) lives here, in preallocated tensors indexed by slot, so that a batched
 step gathers every stream's cache with one index per tensor instead of
 concatenating per-stream tensors. Slots are recycled when a stream ends; the
-pool grows by doubling when it runs out.
+pool grows by doubling when it runs out, and `shrink` (called now and then by
+the server) gives the memory back when most of it stayed unused since the last
+call. The lowest free slot is always taken first, so live streams gather at
+the bottom and the top can be cut off without moving anyone.
 
 Layout (layers, slots, heads, positions, head_dim), layer first: a layer's
 gathered cache is then one contiguous (B, H, length, dk) block, which
@@ -13,6 +16,8 @@ index_select fills with plain row copies and attention multiplies without
 another transposing copy.
 """
 from __future__ import annotations
+
+import heapq
 
 import torch
 
@@ -32,8 +37,9 @@ class CachePool:
             "dec_k": cfg.decoder_layers, "dec_v": cfg.decoder_layers,
         }
         self.tensors = {name: self._empty(name, capacity) for name in KINDS}
-        self.capacity = capacity
-        self.free = list(range(capacity - 1, -1, -1))
+        self.initial = self.capacity = capacity
+        self.free = list(range(capacity))          # a heap: the lowest free slot first
+        self.peak = 0                              # most slots in use since the last shrink
 
     def _empty(self, name: str, n: int) -> torch.Tensor:
         c = self.cfg
@@ -50,20 +56,42 @@ class CachePool:
     def allocate(self) -> int:
         if not self.free:
             self._grow(self.capacity * 2)
-        return self.free.pop()
+        slot = heapq.heappop(self.free)
+        self.peak = max(self.peak, self.in_use)
+        return slot
 
     def release(self, slot: int) -> None:
-        if slot in self.free or not 0 <= slot < self.capacity:
+        if not 0 <= slot < self.capacity or slot in self.free:
             raise ValueError(f"slot {slot} is not in use")
-        self.free.append(slot)
+        heapq.heappush(self.free, slot)
 
     def _grow(self, capacity: int) -> None:
         for name, t in self.tensors.items():
             bigger = self._empty(name, capacity)
             bigger[:, : self.capacity] = t
             self.tensors[name] = bigger
-        self.free = list(range(capacity - 1, self.capacity - 1, -1)) + self.free
+        for slot in range(self.capacity, capacity):
+            heapq.heappush(self.free, slot)
         self.capacity = capacity
+
+    def shrink(self) -> int:
+        """Cut the pool down to twice the most slots used since the last call (a power of two, at
+        least the initial capacity, never below a slot in use); returns the slots given back."""
+        used = set(range(self.capacity)) - set(self.free)
+        need = max(self.initial, 2 * self.peak, max(used, default=-1) + 1)
+        target = self.initial
+        while target < need:
+            target *= 2
+        self.peak = self.in_use
+        if target >= self.capacity:
+            return 0
+        for name, t in self.tensors.items():   # a copy: slicing would keep the whole block alive
+            self.tensors[name] = t[:, :target].clone()
+        given = self.capacity - target
+        self.free = [slot for slot in self.free if slot < target]
+        heapq.heapify(self.free)
+        self.capacity = target
+        return given
 
     def gather(self, name: str, slots: torch.Tensor, length: int) -> list[tuple[torch.Tensor, ...]]:
         """Per layer, the (B, H, length, dk) cache of the given slots.

@@ -1,8 +1,10 @@
 """The FastAPI application: HTTP endpoints and the `/v1/stream` websocket.
 
 A websocket handler only parses, validates and enqueues (server/engine.py does
-the translating). Limits are enforced here: origin, API key, concurrent streams,
-message size and rate, idle time, words per sentence, source backlog.
+the translating). Limits are enforced here: origin, API key, per-address
+connections and failed keys, concurrent streams, time to `start`, message size
+and rate, idle time, words per sentence, source backlog, unsent replies.
+Limits below the handler (request heads, pings, frames) are in server/guard.py.
 """
 from __future__ import annotations
 
@@ -21,15 +23,16 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from server.engine import ModelEngine
+from server.guard import RATE_EXTENSION, SUBPROTOCOL, IpLimits, TokenBucket, key_from_subprotocols
 from server.metrics import Metrics
-from server.protocol import (ERRORS, EndSentence, EndStream, ProtocolError, Start, Text, Words, error,
-                             parse_client_message, schemas, segment, split_text, split_words)
+from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, Start, Text, Words,
+                             error, parse_client_message, schemas, segment, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
 
 log = logging.getLogger("simulserve.server")
 WEB_DIR = Path(__file__).resolve().parents[1] / "clients" / "web"
-MAX_WORD_CHARS = 200
-_CLOSE = object()
+MAX_QUEUED_ERRORS = 100    # unsent error replies before a client that does not read is dropped
+CLOSE_WAIT_S = 5.0         # how long closing may wait on a client that does not read
 PLACEHOLDER = """<!doctype html><meta charset="utf-8"><title>simulserve</title>
 <h1>simulserve</h1><p>Simultaneous translation server. Stream over the websocket <code>/v1/stream</code>;
 see <a href="/docs">/docs</a>, <a href="/v1/models">/v1/models</a>, <a href="/v1/protocol">/v1/protocol</a>.</p>"""
@@ -55,6 +58,8 @@ class ServerState:
         self.ready = False
         self.load_error: str | None = None
         self.active = 0
+        self.ips = IpLimits(settings.max_connections_per_ip, settings.max_auth_failures_per_ip,
+                            settings.auth_failure_window_s)
 
     async def load(self) -> None:
         from models.checkpoint import pick_device, pick_dtype
@@ -88,25 +93,34 @@ class ServerState:
             await self._trim_memory_forever(s.memory_trim_s)
 
     async def _trim_memory_forever(self, every: float) -> None:
-        """Streams come and go; glibc keeps the freed heap (RSS creeps up by fragmentation, not leaks).
-        malloc_trim hands it back, so resident memory tracks what live streams use."""
+        """Streams come and go: cache pools shrink to what was used since the last pass, and glibc's
+        freed heap (RSS creeps up by fragmentation, not leaks) goes back with malloc_trim, so resident
+        memory tracks what live streams use."""
         import ctypes
         try:
             trim = ctypes.CDLL("libc.so.6").malloc_trim
         except (OSError, AttributeError):
-            return  # not glibc
+            trim = None  # not glibc
         while True:
             await asyncio.sleep(every)
-            await asyncio.to_thread(trim, 0)
+            for eng in self.engines.values():
+                await eng.shrink_cache()
+            if trim is not None:
+                await asyncio.to_thread(trim, 0)
 
     async def close(self) -> None:
         for eng in self.engines.values():
             await eng.stop()
 
     def key_ok(self, ws: WebSocket) -> bool:
+        """Authorization: Bearer KEY, else the subprotocol simulserve.key.<base64url KEY> (browsers), else
+        ?token=KEY. An empty key is never configured (settings refuse it) and never matches."""
         auth = ws.headers.get("authorization", "")
-        given = auth[7:].strip() if auth.lower().startswith("bearer ") else ws.query_params.get("token", "")
-        return any(hmac.compare_digest(given.encode(), k.encode()) for k in self.settings.api_keys)
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        else:
+            given = key_from_subprotocols(ws.scope.get("subprotocols", [])) or ws.query_params.get("token", "")
+        return bool(given) and any(hmac.compare_digest(given.encode(), k.encode()) for k in self.settings.api_keys)
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -149,6 +163,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def metrics():
         return Response(srv.metrics.render(), media_type=srv.metrics.content_type)
 
+    for path, endpoint in (("/health", health), ("/v1/models", models), ("/metrics", metrics)):
+        app.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)   # monitors probe with HEAD
+
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
         await serve_stream(ws, srv)
@@ -164,36 +181,62 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
 
 async def serve_stream(ws: WebSocket, srv: ServerState) -> None:
+    ip = ws.client.host if ws.client else "?"
+    if not srv.ips.connect(ip):
+        srv.metrics.refusals.labels("ip_connections").inc()
+        return await refuse(ws, srv, "too_many_connections", f"this address has {srv.settings.max_connections_per_ip}"
+                                                             " connections open (max_connections_per_ip)")
+    srv.metrics.ip_connections.set(len(srv.ips.connections))
+    try:
+        await _serve_counted(ws, srv, ip)
+    finally:
+        srv.ips.disconnect(ip)
+        srv.metrics.ip_connections.set(len(srv.ips.connections))
+
+
+async def _serve_counted(ws: WebSocket, srv: ServerState, ip: str) -> None:
     s = srv.settings
-    code = None
-    if not s.origin_allowed(ws.headers.get("origin")):
+    code = message = None
+    if s.api_keys and srv.ips.auth_blocked(ip):
+        srv.metrics.refusals.labels("ip_auth_failures").inc()
+        code = "too_many_auth_failures"
+    elif not s.origin_allowed(ws.headers.get("origin")):
         code = "origin_not_allowed"
     elif s.api_keys and not srv.key_ok(ws):
+        srv.ips.auth_failed(ip)
         code = "unauthorized"
     elif not srv.ready:
         code = "not_ready"
     elif srv.active >= s.max_streams:
-        code = "server_full"
-    await ws.accept()
+        code, message = "server_full", f"the server is full ({s.max_streams} streams); try again later"
     if code is not None:
-        srv.metrics.errors.labels(code).inc()
-        message = f"the server is full ({s.max_streams} streams); try again later" if code == "server_full" \
-            else None
-        try:
-            await ws.send_text(json.dumps(error(code, message)))
-            await ws.close(ERRORS[code][1])
-        except Exception:  # noqa: BLE001 - the client left already
-            pass
-        return
+        return await refuse(ws, srv, code, message)
     srv.active += 1
     srv.metrics.active_streams.inc()
     session = Session(ws, srv)
     try:
+        await ws.accept(subprotocol=_subprotocol(ws))
         await session.run()
     finally:
         session.detach()
         srv.active -= 1
         srv.metrics.active_streams.dec()
+
+
+def _subprotocol(ws: WebSocket) -> str | None:
+    """A browser that offers subprotocols (to carry its key) must get one back; never the key's."""
+    return SUBPROTOCOL if SUBPROTOCOL in ws.scope.get("subprotocols", []) else None
+
+
+async def refuse(ws: WebSocket, srv: ServerState, code: str, message: str | None = None) -> None:
+    """Accept, send the fatal error (a client can read why), close with its code."""
+    srv.metrics.errors.labels(code).inc()
+    try:
+        await ws.accept(subprotocol=_subprotocol(ws))
+        await ws.send_text(json.dumps(error(code, message)))
+        await asyncio.wait_for(ws.close(ERRORS[code][1]), CLOSE_WAIT_S)
+    except Exception:  # noqa: BLE001 - the client left already
+        pass
 
 
 class Session:
@@ -209,7 +252,10 @@ class Session:
         self.open_words = self.open_subwords = 0
         self.ended = False
         self.seq = 0
-        self.tokens, self.t_tokens = float(self.s.rate_burst), time.monotonic()
+        # messages and pings share one bucket (server/guard.py puts it in the scope)
+        self.rate = ws.scope.get("extensions", {}).get(RATE_EXTENSION) \
+            or TokenBucket(self.s.rate_limit, self.s.rate_burst)
+        self.queued_errors = 0
         self.warned = False
         self.killed: str | None = None
         self.tasks: list[asyncio.Task] = []
@@ -218,16 +264,20 @@ class Session:
         sender = asyncio.create_task(self._send_loop())
         receiver = asyncio.create_task(self._receive_loop())
         self.tasks = [sender, receiver]
-        done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
-        if receiver in done and not receiver.cancelled() and receiver.exception() is None \
-                and receiver.result() == "fatal":
-            await asyncio.wait([sender], timeout=5)   # let it send the error and close
-        for t in self.tasks:
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        try:
+            done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+            if receiver in done and not receiver.cancelled() and receiver.exception() is None \
+                    and receiver.result() == "fatal":
+                await asyncio.wait([sender], timeout=CLOSE_WAIT_S)   # let it send the error and close
+        finally:
+            for t in self.tasks:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            while not self.out.empty():      # replies nobody will read: free them now, not at the next gc
+                self.out.get_nowait()
         if self.killed:
-            try:
-                await self.ws.close(ERRORS[self.killed][1])
+            try:   # a client that does not read never takes the close frame: do not wait for it forever
+                await asyncio.wait_for(self.ws.close(ERRORS[self.killed][1]), CLOSE_WAIT_S)
             except Exception:  # noqa: BLE001
                 pass
 
@@ -236,11 +286,23 @@ class Session:
             self.engine.detach(self.h)
 
     def kill(self, code: str) -> None:
-        """The engine's emergency exit (a client that does not read): drop the connection."""
+        """The emergency exit (a client that does not read): drop the connection."""
+        if self.killed:
+            return
         self.killed = code
         self.srv.metrics.errors.labels(code).inc()
         for t in self.tasks:
             t.cancel()
+
+    def reply(self, msg: dict) -> None:
+        """Queue a reply of the receiver (ready, errors, warnings). Replies count against
+        max_output_messages like words do, and unsent errors are capped on their own: a client
+        that sends junk without reading is dropped instead of growing the queue."""
+        self.out.put_nowait(msg)
+        if msg["type"] == "error":
+            self.queued_errors += 1
+        if self.out.qsize() > self.s.max_output_messages or self.queued_errors > MAX_QUEUED_ERRORS:
+            self.kill("slow_consumer")
 
     # ---- sending -------------------------------------------------------------------
     async def _send_loop(self) -> None:
@@ -251,6 +313,7 @@ class Session:
                 msg["seq"] = self.seq
                 self.seq += 1
             elif kind == "error":
+                self.queued_errors -= 1
                 self.srv.metrics.errors.labels(msg["code"]).inc()
             elif kind == "warning":
                 self.srv.metrics.warnings.labels(msg["code"]).inc()
@@ -264,44 +327,43 @@ class Session:
 
     # ---- receiving -----------------------------------------------------------------
     async def _receive_loop(self) -> str:
+        """Only a valid message moves the deadline: junk does not keep a connection (and its slot) alive."""
         s = self.s
+        deadline = time.monotonic() + s.start_timeout_s
         while True:
             try:
-                frame = await asyncio.wait_for(self.ws.receive(), s.idle_timeout_s)
+                frame = await asyncio.wait_for(self.ws.receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                self.out.put_nowait(error("idle_timeout", f"no message for {s.idle_timeout_s:g} s"))
+                if self.h is None:
+                    self.reply(error("start_timeout", f"no `start` within {s.start_timeout_s:g} s"))
+                    self.srv.metrics.refusals.labels("start_timeout").inc()
+                else:
+                    self.reply(error("idle_timeout", f"no valid message for {s.idle_timeout_s:g} s"))
                 return "fatal"
             if frame["type"] == "websocket.disconnect":
                 return "disconnect"
-            if not self._rate_ok():
-                self.out.put_nowait(error("rate_limited", f"over {s.rate_limit:g} messages per second "
-                                                          f"(burst {s.rate_burst})"))
+            if not self.rate.take():
+                self.reply(error("rate_limited", f"over {s.rate_limit:g} messages per second "
+                                                 f"(burst {s.rate_burst})"))
                 return "fatal"
             text = frame.get("text")
             if text is None:
-                self.out.put_nowait(error("binary_frame"))
+                self.reply(error("binary_frame"))
                 continue
             if len(text) > s.max_message_bytes or len(text.encode("utf-8", "replace")) > s.max_message_bytes:
-                self.out.put_nowait(error("message_too_large", f"messages are limited to {s.max_message_bytes} "
-                                                               "bytes"))
+                self.reply(error("message_too_large", f"messages are limited to {s.max_message_bytes} bytes"))
                 continue
             try:
                 self._handle(parse_client_message(text))
             except ProtocolError as e:
-                self.out.put_nowait(e.to_message())
+                self.reply(e.to_message())
+                continue
             except Exception:  # noqa: BLE001 - never let one message take the server down
                 log.exception("unexpected error while handling a message")
-                self.out.put_nowait(error("internal_error"))
+                self.reply(error("internal_error"))
                 return "fatal"
-
-    def _rate_ok(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.s.rate_burst, self.tokens + (now - self.t_tokens) * self.s.rate_limit)
-        self.t_tokens = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
+            if self.h is not None:
+                deadline = time.monotonic() + s.idle_timeout_s
 
     def _handle(self, msg) -> None:
         if isinstance(msg, Start):
@@ -311,12 +373,11 @@ class Session:
         if self.ended:
             raise ProtocolError("stream_ended", "the stream has ended (end_stream was received)", msg.id)
         if isinstance(msg, Words):   # complete words; a pending partial word is complete too
-            self._accept(([self.partial] if self.partial else []) + split_words(msg.words), msg.id, "")
+            self._accept(_short(([self.partial] if self.partial else []) + split_words(msg.words), msg.id),
+                         msg.id, "")
         elif isinstance(msg, Text):
             words, partial = split_text(self.partial, msg.text)
-            if len(partial) > MAX_WORD_CHARS:
-                raise ProtocolError("bad_message", f"a word longer than {MAX_WORD_CHARS} characters", msg.id)
-            self._accept(words, msg.id, partial)
+            self._accept(_short(words + [partial], msg.id)[:-1], msg.id, partial)
         elif isinstance(msg, EndSentence):
             self._accept([self.partial] if self.partial else [], msg.id, "", end=True)
         elif isinstance(msg, EndStream):
@@ -328,7 +389,7 @@ class Session:
         from models.policy import PolicyError
         if self.h is not None:
             raise ProtocolError("already_started", "this stream has started already", msg.id)
-        name = msg.model or next(iter(self.srv.engines))
+        name = next(iter(self.srv.engines)) if msg.model is None else msg.model   # "" is no model's name
         engine = self.srv.engines.get(name)
         if engine is None:
             raise ProtocolError("unknown_model", f"no model {name!r}; served: {', '.join(self.srv.engines)}",
@@ -340,7 +401,7 @@ class Session:
         self.engine, self.auto = engine, msg.auto_segment
         self.h = engine.attach(policy, self.out, self.kill)
         s, c = self.s, engine.cfg
-        self.out.put_nowait({
+        self.reply({
             "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
             "auto_segment": self.auto,
@@ -388,8 +449,15 @@ class Session:
         backlog = self.h.backlog
         if backlog > s.max_backlog_words // 2 and not self.warned:
             self.warned = True
-            self.out.put_nowait({"type": "warning", "code": "slow_down", "backlog": backlog,
+            self.reply({"type": "warning", "code": "slow_down", "backlog": backlog,
                                  "message": f"{backlog} source words wait to be read (limit "
                                             f"{s.max_backlog_words}); send more slowly"})
         elif backlog <= s.max_backlog_words // 4:
             self.warned = False
+
+
+def _short(words: list[str], msg_id) -> list[str]:
+    for w in words:
+        if len(w) > MAX_WORD_CHARS:
+            raise ProtocolError("bad_message", f"a word longer than {MAX_WORD_CHARS} characters", msg_id)
+    return words

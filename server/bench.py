@@ -77,7 +77,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "clients.cli", "serve", f"bench={args.checkpoint}",
            f"bench_unbatched={args.checkpoint}", "--no-batching", "bench_unbatched", "--host", "127.0.0.1",
-           "--port", str(port), "--max-streams", "100000", "--idle-timeout", "3600", "--log-level", "warning"]
+           "--port", str(port), "--max-streams", "100000", "--idle-timeout", "3600", "--log-level", "warning",
+           "--max-connections-per-ip", "0"]   # every simulated speaker comes from 127.0.0.1
     if args.server_threads:
         cmd += ["--torch-threads", str(args.server_threads)]
     if args.dtype:

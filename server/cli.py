@@ -28,7 +28,25 @@ FLAGS = {
     "--max-message-bytes": ("max_message_bytes", {"type": int}),
     "--max-words-per-sentence": ("max_words_per_sentence", {"type": int}),
     "--max-backlog-words": ("max_backlog_words", {"type": int}),
-    "--idle-timeout": ("idle_timeout_s", {"type": float, "help": "seconds without a client message"}),
+    "--idle-timeout": ("idle_timeout_s", {"type": float, "help": "seconds without a valid client message "
+                                                                 "(default 300)"}),
+    "--start-timeout": ("start_timeout_s", {"type": float, "help": "seconds from connecting to `start` "
+                                                                   "(default 5)"}),
+    "--max-connections-per-ip": ("max_connections_per_ip", {"type": int, "help": "open websocket connections "
+                                                                                 "per client address (default "
+                                                                                 "64; 0 = no limit)"}),
+    "--max-auth-failures-per-ip": ("max_auth_failures_per_ip", {"type": int, "help": "failed key checks per "
+                                                                                     "address per minute before "
+                                                                                     "it is refused (default 20)"}),
+    "--max-header-bytes": ("max_header_bytes", {"type": int, "help": "HTTP request head size (default 32768)"}),
+    "--max-headers": ("max_headers", {"type": int, "help": "HTTP headers per request (default 100)"}),
+    "--request-head-timeout": ("request_head_timeout_s", {"type": float, "help": "seconds to send an HTTP "
+                                                                                 "request head (default 10)"}),
+    "--max-output-messages": ("max_output_messages", {"type": int, "help": "unsent messages to one client "
+                                                                           "before `slow_consumer` (default "
+                                                                           "20000)"}),
+    "--memory-trim-s": ("memory_trim_s", {"type": float, "help": "return freed memory (heap, idle cache slots) "
+                                                                 "this often (default 60; 0 = never)"}),
     "--rate-limit": ("rate_limit", {"type": float, "help": "messages per second per connection"}),
     "--rate-burst": ("rate_burst", {"type": int}),
     "--max-k": ("max_k", {"type": int}),
@@ -39,8 +57,9 @@ FLAGS = {
     "--log-level": ("log_level", {}),
 }
 LIST_FLAGS = {
-    "--api-key": ("api_keys", "require this key (repeat for several); clients send `Authorization: Bearer "
-                              "KEY` or ?token=KEY"),
+    "--api-key": ("api_keys", "require this key (repeat for several; an empty key is refused); clients send "
+                              "`Authorization: Bearer KEY`, the subprotocol simulserve.key.BASE64URL(KEY) "
+                              "or ?token=KEY"),
     "--allowed-origin": ("allowed_origins", "browser origin allowed to connect (repeat; default any)"),
     "--no-batching": ("no_batching", "step this model one stream at a time (repeat; for benchmarks)"),
 }
@@ -92,12 +111,11 @@ def settings_from_args(args):
 
 
 def run(args) -> int:
-    import uvicorn
-
-    from server.app import create_app
     from server.settings import SettingsError
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args)   # bad settings are reported before the slow imports
+        from server.app import create_app
+        from server.guard import uvicorn_config
         app = create_app(settings)
     except (SettingsError, ValueError) as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
@@ -108,7 +126,8 @@ def run(args) -> int:
     scheme = "wss" if settings.ssl_certfile else "ws"
     print(f"simulserve: serving {', '.join(app.state.server.checkpoints)} on "
           f"{scheme}://{settings.host}:{settings.port}/v1/stream", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                ws_max_size=4 * settings.max_message_bytes + 1024, ssl_certfile=settings.ssl_certfile,
-                ssl_keyfile=settings.ssl_keyfile, access_log=False)
+    import uvicorn
+    uvicorn.Server(uvicorn_config(app, settings, host=settings.host, port=settings.port,
+                                  log_level=settings.log_level.lower(), ssl_certfile=settings.ssl_certfile,
+                                  ssl_keyfile=settings.ssl_keyfile, access_log=False)).run()
     return 0

@@ -162,6 +162,16 @@ class ModelEngine:
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
+    async def shrink_cache(self) -> None:
+        """Give back cache slots that stayed unused since the last call (in the executor: only it
+        touches the pool)."""
+        loop = asyncio.get_running_loop()
+        given = await loop.run_in_executor(self._executor, self.dec.pool.shrink)
+        self.metrics.cache_capacity.labels(self.name).set(self.dec.pool.capacity)
+        if given:
+            log.info("model %s: %d idle cache slots given back (%d left)", self.name, given,
+                     self.dec.pool.capacity)
+
     # ---- scheduler (event loop) --------------------------------------------------------
     def _ready(self) -> list[StreamHandle]:
         out = []
@@ -234,6 +244,7 @@ class ModelEngine:
             if h.out.qsize() > self.max_output and h.kill is not None:
                 h.kill("slow_consumer")
         m.cache_slots.labels(name).set(self.dec.pool.in_use)
+        m.cache_capacity.labels(name).set(self.dec.pool.capacity)
 
     # ---- executor (worker thread) ----------------------------------------------------
     def _execute(self, batch: list[StreamHandle], closing: list[StreamState]):

@@ -25,6 +25,8 @@ class Metrics:
         self.model_streams = Gauge("simulserve_model_streams", "started streams per model", ["model"], registry=r)
         self.cache_slots = Gauge("simulserve_cache_slots_in_use", "stream cache slots in use", ["model"],
                                  registry=r)
+        self.cache_capacity = Gauge("simulserve_cache_slots_allocated", "stream cache slots allocated (in use or "
+                                    "free; shrinks when they stay unused)", ["model"], registry=r)
         self.models_loaded = Gauge("simulserve_models_loaded", "models loaded and serving", registry=r)
         self.words_in = Counter("simulserve_source_words", "source words received", ["model"], registry=r)
         self.words_out = Counter("simulserve_target_words", "target words emitted", ["model"], registry=r)
@@ -39,6 +41,11 @@ class Metrics:
                                           "word needed to its emission (queueing + compute)", ["model"],
                                           buckets=_MS, registry=r)
         self.errors = Counter("simulserve_errors", "errors sent to clients, by code", ["code"], registry=r)
+        self.refusals = Counter("simulserve_refusals", "connections refused or closed by a guard, by reason "
+                                "(ip_connections, ip_auth_failures, start_timeout, header_too_large, "
+                                "too_many_headers, head_timeout, ping_flood, invalid_utf8)", ["reason"], registry=r)
+        self.ip_connections = Gauge("simulserve_client_addresses", "client addresses with an open websocket",
+                                    registry=r)
         self.warnings = Counter("simulserve_warnings", "warnings sent to clients, by code", ["code"], registry=r)
 
     def render(self) -> bytes:

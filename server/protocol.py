@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
     ValidationError
 
 MessageId = Union[StrictStr, StrictInt, None]
+MAX_ID_CHARS = 128          # an `id` is echoed in replies: it must not make them large
+MAX_ID_INT = 2 ** 53        # integers a JavaScript client can read back exactly
+MAX_WORD_CHARS = 200        # a longer "word" is refused (bad_message)
 
 
 class _Msg(BaseModel):
@@ -164,13 +167,19 @@ ERRORS: dict[str, tuple[bool, int | None, str]] = {
     "backlog_full": (False, None, "more source words are waiting than max_backlog_words: the message was "
                                   "rejected whole (resend it later)"),
     "stream_ended": (False, None, "a message after `end_stream`"),
-    "rate_limited": (True, 1008, "more messages per second than the per-connection rate limit"),
-    "idle_timeout": (True, 1001, "no message from the client for idle_timeout_s seconds"),
-    "unauthorized": (True, 1008, "missing or wrong API key (Authorization: Bearer KEY, or ?token=KEY)"),
+    "rate_limited": (True, 1008, "more messages (or pings) per second than the per-connection rate limit"),
+    "idle_timeout": (True, 1001, "no valid message from the client for idle_timeout_s seconds"),
+    "start_timeout": (True, 1008, "no `start` within start_timeout_s seconds of connecting"),
+    "unauthorized": (True, 1008, "missing or wrong API key (Authorization: Bearer KEY, the subprotocol "
+                                 "simulserve.key.BASE64URL(KEY), or ?token=KEY)"),
+    "too_many_connections": (True, 1013, "this client address has max_connections_per_ip connections open"),
+    "too_many_auth_failures": (True, 1008, "this client address failed the API key check too often; wait "
+                                           "auth_failure_window_s"),
     "origin_not_allowed": (True, 1008, "the Origin header is not in allowed_origins"),
     "server_full": (True, 1013, "max_streams streams are open; try again later"),
     "not_ready": (True, 1013, "the models are still loading; try again shortly"),
-    "slow_consumer": (True, 1008, "the client does not read the server's messages"),
+    "slow_consumer": (True, 1008, "the client does not read the server's messages (replies, errors included, "
+                                  "pile up)"),
     "internal_error": (True, 1011, "a server fault; only this stream is affected"),
 }
 WARNINGS = {"slow_down": "over half of max_backlog_words source words are waiting to be read"}
@@ -204,25 +213,69 @@ def parse_client_message(text: str):
         raise ProtocolError("bad_json", f"not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ProtocolError("bad_message", f"a message is a JSON object, got {type(data).__name__}")
-    msg_id = data.get("id") if isinstance(data.get("id"), (str, int)) and not isinstance(data.get("id"), bool) \
-        else None
+    msg_id = _echoable_id(data.get("id"))
+    bad = _first_bad_string(data)
+    if bad is not None:  # JSON allows lone surrogates ("\ud800"); UTF-8, tokenizers and our replies do not
+        raise ProtocolError("bad_message", f"{bad}: invalid Unicode (a lone surrogate)", msg_id)
     if data.get("type") not in CLIENT_TYPES:
-        raise ProtocolError("unknown_type", f"unknown message type {data.get('type')!r}; expected one of "
+        raise ProtocolError("unknown_type", f"unknown message type {_brief(data.get('type'))}; expected one of "
                             + ", ".join(CLIENT_TYPES), msg_id)
     try:
         msg = _client_adapter.validate_python(data)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}"
                              for err in e.errors()[:3])
+        if len(problems) > 300:   # field names come from the client: keep the reply small
+            problems = problems[:297] + "..."
         raise ProtocolError("bad_message", f"invalid {data['type']!r} message: {problems}", msg_id) from None
-    strings = getattr(msg, "words", None) or [getattr(msg, "text", None) or getattr(msg, "model", None) or ""]
-    try:  # JSON allows lone surrogates ("\ud800"); no tokenizer does
-        for x in strings:
-            x.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ProtocolError("bad_message", "the message contains invalid Unicode (a lone surrogate)",
-                            msg_id) from None
+    if isinstance(msg.id, str) and len(msg.id) > MAX_ID_CHARS or isinstance(msg.id, int) and abs(msg.id) > MAX_ID_INT:
+        raise ProtocolError("bad_message", f"`id` is limited to {MAX_ID_CHARS} characters or an integer of at "
+                            "most 2^53 (it is echoed in replies)")
     return msg
+
+
+def _brief(x) -> str:
+    """A client value quoted in a reply, cut short: a reply must not be as large as the message."""
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _echoable_id(x):
+    """The message id to echo in an error reply: only a short valid string or a JSON-safe integer."""
+    if isinstance(x, bool) or not isinstance(x, (str, int)):
+        return None
+    if isinstance(x, int):
+        return x if abs(x) <= MAX_ID_INT else None
+    if len(x) > MAX_ID_CHARS or _has_surrogate(x):
+        return None
+    return x
+
+
+def _has_surrogate(x: str) -> bool:
+    try:
+        x.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _first_bad_string(data):
+    """Where the first string with a lone surrogate is (a key or a value, at any depth), or None.
+    Iterative: a message nested a few hundred levels deep is valid JSON."""
+    stack = [("message", data)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, str):
+            if _has_surrogate(x):
+                return where
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                if _has_surrogate(k):
+                    return f"{where}: a key"
+                stack.append((k if where == "message" else f"{where}.{k}", v))
+        elif isinstance(x, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(x))
+    return None
 
 
 # ---------------------------------------------------------------- source text handling

@@ -52,7 +52,19 @@ class ServerSettings(BaseSettings):
     max_words_per_sentence: int = Field(200, ge=1)
     max_backlog_words: int = Field(512, ge=1, description="source words received but not yet read, per stream")
     max_output_messages: int = Field(20000, ge=10, description="unsent server messages before `slow_consumer`")
-    idle_timeout_s: float = Field(300.0, gt=0)
+    idle_timeout_s: float = Field(300.0, gt=0, description="seconds without a valid client message (junk "
+                                                          "does not count)")
+    start_timeout_s: float = Field(5.0, gt=0, description="seconds from the websocket upgrade to `start`")
+    max_connections_per_ip: int = Field(64, ge=0, description="open websocket connections per client address "
+                                                              "(0 = no limit)")
+    max_auth_failures_per_ip: int = Field(20, ge=0, description="failed API-key checks per client address in "
+                                                                "auth_failure_window_s before it is refused "
+                                                                "(0 = no limit)")
+    auth_failure_window_s: float = Field(60.0, gt=0)
+    max_header_bytes: int = Field(32768, ge=1024, description="size of an HTTP request head (then 431)")
+    max_headers: int = Field(100, ge=8, description="headers in an HTTP request (then 431)")
+    request_head_timeout_s: float = Field(10.0, gt=0, description="time to send a whole HTTP request head "
+                                                                  "(then the connection is closed)")
     rate_limit: float = Field(100.0, gt=0, description="messages per second per connection (token bucket)")
     rate_burst: int = Field(200, ge=1)
     max_k: int = Field(32, ge=1, description="largest wait-k lag a client may ask for")
@@ -91,6 +103,14 @@ class ServerSettings(BaseSettings):
             if v.startswith("["):
                 return json.loads(v)
             return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_empty_key(cls, v: list[str]):
+        if any(not k.strip() for k in v):
+            raise ValueError("an API key is empty (an unset shell variable?): an empty key would let clients "
+                             "without a key in; remove it or give a real key")
         return v
 
     def origin_allowed(self, origin: str | None) -> bool:

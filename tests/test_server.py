@@ -24,6 +24,7 @@ from conftest import decoder_from
 from models.data.synthetic import make_pairs
 from models.translate import simulate
 from server.app import create_app
+from server.guard import uvicorn_config
 from server.protocol import ERRORS, server_adapter
 from server.settings import load_settings
 
@@ -43,8 +44,7 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         self.http = f"http://127.0.0.1:{self.port}"
         self.url = f"ws://127.0.0.1:{self.port}/v1/stream"
-        self.server = uvicorn.Server(uvicorn.Config(
-            self.app, log_level="warning", ws_max_size=4 * self.settings.max_message_bytes + 1024))
+        self.server = uvicorn.Server(uvicorn_config(self.app, self.settings, log_level="warning"))
 
     def __enter__(self):
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -19,6 +19,8 @@
     server_full: "The server is full: all its streams are in use.",
     not_ready: "The server is still loading its models.",
     unauthorized: "The server needs an API key, or this key is wrong. Enter the key above, then press Reconnect.",
+    too_many_auth_failures: "Too many wrong API keys from this address: wait a minute, then press Reconnect.",
+    too_many_connections: "This address has too many streams open on the server; close some, then Reconnect.",
     origin_not_allowed: "The server does not accept connections from this page's address (allowed_origins).",
     idle_timeout: "Closed after a long pause without input. Typing (or Reconnect) opens a new stream.",
     rate_limited: "Too many messages per second: the server closed the stream.",
@@ -27,9 +29,18 @@
   };
   const CLOSE_TEXT = { 1000: "closed", 1001: "going away", 1006: "connection lost", 1011: "server error",
     1012: "server restarting", 1013: "try again later" };
-  const PLAIN = new Set(["server_full", "not_ready", "unauthorized", "origin_not_allowed"]);   // no detail needed
+  const PLAIN = new Set(["server_full", "not_ready", "unauthorized", "origin_not_allowed", "too_many_auth_failures",
+    "too_many_connections"]);   // no detail needed
   const AUTO_RETRY = new Set(["server_full", "not_ready", "internal_error", "disconnect"]);
-  const NEEDS_USER = new Set(["unauthorized", "origin_not_allowed", "bad_setting", "unknown_model"]);
+  const NEEDS_USER = new Set(["unauthorized", "origin_not_allowed", "bad_setting", "unknown_model",
+    "too_many_auth_failures", "too_many_connections"]);
+
+  function keyProtocol(key) {   // "simulserve.key." + base64url(UTF-8 key), no padding
+    const bytes = new TextEncoder().encode(key);
+    let bin = "";
+    for (const b of bytes) bin += String.fromCharCode(b);
+    return "simulserve.key." + btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
 
   const $ = (sel, root = document) => root.querySelector(sel);
   function el(tag, cls, text) {
@@ -153,7 +164,9 @@
       const m = this.model;
       if (!this.enabled || !m) return;
       const url = new URL(WS_URL);
-      if (state.key) url.searchParams.set("token", state.key);
+      // a browser cannot set headers on a websocket: the key travels as a subprotocol (not in the URL,
+      // so not in any log); the server answers with "simulserve.v1", never with the key
+      const protocols = state.key ? ["simulserve.v1", keyProtocol(state.key)] : [];
       const start = { type: "start", model: m.name, auto_segment: true };
       if (m.policy === "waitk") start.k = Math.round(Number(this.knob.value));
       if (m.policy === "gma") start.delta = Number(this.knob.value);
@@ -162,7 +175,7 @@
       this.retryLeft = 0;
       let ws;
       try {
-        ws = new WebSocket(url);
+        ws = new WebSocket(url, protocols);
       } catch (e) {
         this.failed("disconnect", `Cannot open a websocket to ${WS_URL}: ${e.message}`);
         return;
