@@ -149,7 +149,6 @@ def _serve_cli(trained, *extra, env=None) -> tuple[subprocess.Popen, int]:
                             text=True), port
 
 
-@pytest.mark.slow
 def test_the_key_never_reaches_the_log_and_a_browser_sends_it_as_a_subprotocol(trained):
     """`simulserve serve --log-level info`: uvicorn's own websocket lines carried ?token=KEY in clear,
     for right and wrong keys alike."""
