@@ -337,6 +337,9 @@ class Session:
                 if self.h is None:
                     self.reply(error("start_timeout", f"no `start` within {s.start_timeout_s:g} s"))
                     self.srv.metrics.refusals.labels("start_timeout").inc()
+                elif self._translating():
+                    deadline = time.monotonic() + s.idle_timeout_s   # the client waits for us, not idle
+                    continue
                 else:
                     self.reply(error("idle_timeout", f"no valid message for {s.idle_timeout_s:g} s"))
                 return "fatal"
@@ -364,6 +367,15 @@ class Session:
                 return "fatal"
             if self.h is not None:
                 deadline = time.monotonic() + s.idle_timeout_s
+
+    def _translating(self) -> bool:
+        """The engine still owes this client words: commands not yet applied (end_stream included),
+        input not yet read, an ended sentence not yet finished. A client that waits for those is not idle;
+        one that stops reading them is dropped by the unsent-message limit. (Reads flags only: safe while
+        a step runs.)"""
+        h = self.h
+        return bool(h.commands) or h.backlog > 0 or (h.state is not None and h.state.end_received
+                                                     and not h.state.done)
 
     def _handle(self, msg) -> None:
         if isinstance(msg, Start):

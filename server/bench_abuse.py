@@ -85,10 +85,18 @@ async def honest_run(url, plans, gap) -> list[dict]:
     return await asyncio.gather(*(honest_stream(url, p, gap) for p in plans))
 
 
+async def honest_throughout(url, plans, gap, attack_done: asyncio.Event) -> list[dict]:
+    """The same honest streams again and again until the attack is over (each run is compared)."""
+    runs = []
+    while not attack_done.is_set():
+        runs += await honest_run(url, plans, gap)
+    return runs
+
+
 def compare(reference: list[dict], attacked: list[dict]) -> dict:
     """Sentence by sentence, word by word: identical, lost, duplicated; seq gaps; errors."""
     out = Counter()
-    for ref, got in zip(reference, attacked):
+    for ref, got in zip(reference * (len(attacked) // len(reference)), attacked):
         ref_s = [m for m in ref["messages"] if m["type"] == "sentence"]
         got_s = [m for m in got["messages"] if m["type"] == "sentence"]
         out["sentences"] += len(ref_s)
@@ -209,8 +217,9 @@ async def ws_attack(url, seen: Seen, name: str, frames: list, *, addr=ATTACK, ke
     await ws.close()
 
 
-async def non_reader(port, seen: Seen, frames: int = 1500) -> None:
-    """Junk as fast as it is taken, reading nothing after the handshake (sans-I/O client, tiny buffers)."""
+async def non_reader(port, seen: Seen, frames: int = 900, rate: float = 90.0) -> None:
+    """Junk under the rate limit (90/s), reading nothing after the handshake (sans-I/O client, tiny
+    buffers): the replies must neither pile up in the server nor keep the connection alive."""
     from websockets.client import ClientProtocol
     from websockets.uri import parse_uri
     reader, writer = await _tcp(port, ATTACK, rcvbuf=4096)
@@ -230,6 +239,7 @@ async def non_reader(port, seen: Seen, frames: int = 1500) -> None:
             proto.send_text(json.dumps({"type": "start"}).encode() if i == 0 else junk)
             writer.write(b"".join(proto.data_to_send()))
             await asyncio.wait_for(writer.drain(), 20)
+            await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.monotonic()))
     except (ConnectionError, OSError, TimeoutError):
         pass
     # the server drops us (slow_consumer) once its queue of unsent replies is full: our writes then fail
@@ -348,7 +358,8 @@ async def _main(args, port: int) -> int:
     poller = threading.Thread(target=health_poller, args=(base, stop, health), daemon=True)
     poller.start()
     t0 = time.monotonic()
-    honest = asyncio.create_task(honest_run(url, plans, args.gap))
+    attack_done = asyncio.Event()
+    honest = asyncio.create_task(honest_throughout(url, plans, args.gap, attack_done))
     rss_peak = rss_before
     for r in range(args.rounds):
         attacks = asyncio.gather(*_attacks(url, port, seen))
@@ -357,6 +368,7 @@ async def _main(args, port: int) -> int:
             rss_peak = max(rss_peak, _rss_mb(base))
         await attacks
         print(f"attack round {r + 1}/{args.rounds} done ({time.monotonic() - t0:.0f} s)", flush=True)
+    attack_done.set()
     attacked = await honest
     attack_s = time.monotonic() - t0
     rss_end = _rss_mb(base)
@@ -380,7 +392,8 @@ async def _main(args, port: int) -> int:
                       "settled": round(rss_settled), "growth_percent": round(growth, 1)},
            "attackers_saw": dict(sorted(seen.c.items())), "server_refusals": refusals, "server_errors": errors,
            "cache_soak": soak}
-    print(f"\nhonest sentences completed {result['completed']}/{result['sentences']}, identical to the "
+    print(f"\nhonest streams during the attack: {len(attacked)} ({len(attacked) // len(plans)} runs of "
+          f"{len(plans)}); sentences completed {result['completed']}/{result['sentences']}, identical to the "
           f"unattacked run {result['identical']}/{result['sentences']}")
     print(f"honest words {result['words']}: lost {result['lost']}, duplicated {result['duplicated']}; "
           f"streams with seq gaps {result['seq_gaps']}; errors to honest streams {result['honest_errors']}; "

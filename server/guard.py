@@ -236,6 +236,8 @@ def make_ws_protocol(settings, refused: Callable[[str], None]):
                 self.scope["extensions"][RATE_EXTENSION] = self.bucket
 
         def handle_ping(self) -> None:
+            if self.close_sent:
+                return
             if not self.bucket.take():
                 refused("ping_flood")
                 self.conn.fail(1008, "rate limited")

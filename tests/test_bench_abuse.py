@@ -22,7 +22,9 @@ def test_bench_abuse_keeps_honest_streams_exact(trained, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     figures = json.loads(out.read_text())
     honest = figures["honest"]
-    assert honest["sentences"] == 6 and honest["identical"] == 6 and honest["completed"] == 6
+    # the 2 x 3 sentences were run again and again for the whole attack: every run is compared
+    assert honest["sentences"] >= 6 and honest["sentences"] % 6 == 0
+    assert honest["identical"] == honest["completed"] == honest["sentences"]
     assert honest["lost"] == honest["duplicated"] == honest["seq_gaps"] == honest["honest_errors"] == 0
     assert figures["health"]["failures"] == 0 and figures["health"]["polls"] > 10
     seen, refused = figures["attackers_saw"], figures["server_refusals"]

@@ -24,16 +24,11 @@ from websockets.exceptions import ConnectionClosed
 from conftest import ROOT
 from models.cache_pool import CachePool
 from server.settings import SettingsError, load_settings
-from test_server import LiveServer, codes, make_reference, talk
+from server.bench import wait_healthy
+from test_server import LiveServer, codes, talk
+from test_server_limits import START, TAIL, reference  # noqa: F401 - `reference` is a fixture
 
 KEY = "hardening-key"
-START = {"type": "start", "model": "waitk", "k": 2}
-TAIL = [{"type": "words", "words": ["haus", "baum"]}, {"type": "end_stream"}]
-
-
-@pytest.fixture(scope="module")
-def reference(trained):
-    return make_reference(trained)
 
 
 @pytest.fixture(scope="module")
@@ -154,20 +149,13 @@ def _serve_cli(trained, *extra, env=None) -> tuple[subprocess.Popen, int]:
                             text=True), port
 
 
-@pytest.mark.slow
 def test_the_key_never_reaches_the_log_and_a_browser_sends_it_as_a_subprotocol(trained):
     """`simulserve serve --log-level info`: uvicorn's own websocket lines carried ?token=KEY in clear,
     for right and wrong keys alike."""
     proc, port = _serve_cli(trained, "--api-key", KEY, "--log-level", "info")
     url = f"ws://127.0.0.1:{port}/v1/stream"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=60)
         key_protocol = "simulserve.key." + base64.urlsafe_b64encode(KEY.encode()).decode().rstrip("=")
 
         async def main():
