@@ -65,7 +65,15 @@ def register(sub) -> None:
     add_server_bench_args(s)
     s.set_defaults(func=run_server_bench)
     from server.bench_abuse import add_abuse_bench_args, run_abuse_bench
-    a = which.add_parser("abuse", help="a bounded mix of attacks while honest streams run (issue 15)")
+    a = which.add_parser(
+        "abuse", help="a bounded mix of attacks while honest streams run (issue 15)",
+        description="A fixed, bounded mix of hostile and careless clients against a server started here, while "
+                    "honest streams run: prints honest sentences identical, words lost or duplicated, /health "
+                    "failures, RSS growth after the attack and every error type seen.",
+        epilog="examples:\n"
+               "  simulserve bench abuse --checkpoint waitk --rounds 2 --settle 60\n"
+               "  simulserve bench abuse --soak-streams 0 --json abuse.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_abuse_bench_args(a)
     a.set_defaults(func=run_abuse_bench)
 

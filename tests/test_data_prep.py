@@ -275,8 +275,8 @@ def test_deterministic_with_seed(raw, built, tmp_path):
 # --- the command ------------------------------------------------------------
 def test_command_offline_then_noop(downloads, tmp_path, capsys):
     out = tmp_path / "de-en"
-    argv = ["prepare-data", "--out", str(out), "--download-dir", str(downloads),
-            "--vocab-size", "100", "--eval-size", "20"]
+    argv = ["prepare-data", "--sources", "bible,libreoffice,ddtp", "--out", str(out),
+            "--download-dir", str(downloads), "--vocab-size", "100", "--eval-size", "20"]
     assert main(argv) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["counts"]) == {"bible", "libreoffice", "ddtp", "total"}

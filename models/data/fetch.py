@@ -8,6 +8,7 @@ missing source never stops the others.
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -80,8 +81,12 @@ def deb_version(deb: Path) -> str:
     return deb.name.split("_")[1].replace("%3a", ":")
 
 
-def extract_deb(deb: Path, dest: Path) -> None:
-    """Unpack a .deb's data archive without dpkg (a .deb is an `ar` archive)."""
+def extract_deb(deb: Path, dest: Path, wanted=None) -> None:
+    """Unpack a .deb's data archive without dpkg (a .deb is an `ar` archive).
+
+    `wanted(member_name) -> bool` picks members (a game's text, not its
+    hundreds of megabytes of images); None unpacks everything.
+    """
     data = deb.read_bytes()
     if not data.startswith(b"!<arch>\n"):
         raise ValueError("%s is not a Debian package" % deb)
@@ -97,7 +102,10 @@ def extract_deb(deb: Path, dest: Path) -> None:
                 subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
                 return
             with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tar:
-                tar.extractall(dest, filter="data")
+                members = None
+                if wanted is not None:
+                    members = [m for m in tar if m.isfile() and wanted(m.name.lstrip("./"))]
+                tar.extractall(dest, members=members, filter="data")
             return
         pos += 60 + size + (size & 1)
     raise ValueError("no data archive in %s" % deb)
@@ -144,3 +152,57 @@ def _translation_files(lists: Path, languages: tuple[str, ...]) -> dict[str, lis
         files = [p for p in lists.glob("*_i18n_Translation-%s*" % lang) if p.is_file()]
         out[lang] = sorted(files)
     return out
+
+
+def unpack_debs(debs: dict[str, Path], dest: Path, wanted=None) -> Path:
+    """Extract (the wanted members of) each .deb into dest once; a stamp file
+    naming the .deb files makes a rerun with the same packages skip the work."""
+    stamp = dest / ".unpacked"
+    names = "\n".join(sorted(d.name for d in debs.values()))
+    if not stamp.exists() or stamp.read_text() != names:
+        dest.mkdir(parents=True, exist_ok=True)
+        for pkg, deb in sorted(debs.items()):
+            print("unpacking %s ..." % pkg, flush=True)
+            extract_deb(deb, dest, wanted)
+        stamp.write_text(names)
+    return dest
+
+
+def deb_licences(root: Path, package: str) -> list[str]:
+    """Licence names from the package's machine-readable copyright file
+    (usr/share/doc/PACKAGE/copyright, `License:` fields), in order of first use."""
+    path = root / "usr/share/doc" / package / "copyright"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    names: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("License:"):
+            name = line[len("License:"):].strip()
+            if name and name not in names:
+                names.append(name)
+    if not names:  # an older free-form file: the licences it points to
+        for name in re.findall(r"/usr/share/common-licenses/([\w.+-]+?)[.,]?(?:\s|$)", text):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def wheel_licence(wheel: Path) -> str | None:
+    """The `License:` (or licence classifier) a wheel's METADATA declares."""
+    import zipfile
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if meta is None:
+            return None
+        text = zf.read(meta).decode("utf-8", "replace")
+    classifier = None
+    for line in text.splitlines():
+        if line.startswith(("License:", "License-Expression:")) and line.split(":", 1)[1].strip():
+            return line.split(":", 1)[1].strip()
+        if line.startswith("Classifier: License ::") and classifier is None:
+            classifier = line.rsplit("::", 1)[1].strip()
+        if not line.strip():
+            break  # the body (long description) starts
+    return classifier

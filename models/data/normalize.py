@@ -99,3 +99,25 @@ def reject_reason(de: str, en: str) -> str | None:
     if max(nde, nen) > RATIO_MIN_WORDS and max(nde, nen) > MAX_RATIO * min(nde, nen):
         return "length ratio"
     return None
+
+
+# --- game and UI catalogs ------------------------------------------------------
+# printf/Lua/WML placeholders and identifiers: a model must not learn to emit them
+_PLACEHOLDER = re.compile(r"%[-+ 0#]*\d*(?:\.\d+)?[sdifuxXgc%]|%\d+|\$\w|\{\w|\w_\w|@\w|\[/?\w+\]")
+
+
+def has_placeholder(text: str) -> bool:
+    """True for strings with a format placeholder, template variable, markup
+    tag or snake_case identifier ("Day %d", "$unit.name", "move_west")."""
+    return bool(_PLACEHOLDER.search(text))
+
+
+def catalog_pairs(entries, min_letters: int = 2):
+    """(de, en) from (english, german) catalog entries worth training on:
+    translated (not identical), no placeholders, at least a short word."""
+    for en, de in entries:
+        if de == en or has_placeholder(en) or has_placeholder(de):
+            continue
+        if sum(c.isalpha() for c in en) < min_letters:
+            continue
+        yield de, en

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,8 @@ SPLITS = ("train", "valid", "test")
 MANIFEST = "manifest.json"
 FORMAT = 1
 FORCED = ("=valid", "=test")   # group names that pin pairs to a split (user's own dev/test files)
+# evaluation sets that pool several sources' valid/test pairs (VALID|TEST.NAME.de/en)
+EVAL_SETS = {"everyday": ("auf-deutsch",), "dialogue": ("freedroid", "hedgewars", "wesnoth")}
 
 
 def filter_pairs(pairs: list[Pair], seen: set[tuple[str, str]]) -> tuple[list[Pair], Counter]:
@@ -126,18 +129,27 @@ def write_splits(splits: dict[str, dict[str, list[Pair]]], out: Path, seed: int)
             name = "%s.%s" % (split, lang)
             _write_lines(out / name, (getattr(p, lang) for p in pairs))
             files.append(name)
+        # per source (train too: recipes oversample small sources from these)
+        for source, spairs in sorted(splits[split].items()):
+            for lang in ("de", "en"):
+                name = "%s.%s.%s" % (split, source, lang)
+                _write_lines(out / name, (getattr(p, lang) for p in spairs))
+                files.append(name)
         if split != "train":
-            for source, spairs in sorted(splits[split].items()):
+            for set_name, members in EVAL_SETS.items():
+                if set_name in splits[split] or not any(m in splits[split] for m in members):
+                    continue
+                pooled = [p for m in members for p in splits[split].get(m, [])]
                 for lang in ("de", "en"):
-                    name = "%s.%s.%s" % (split, source, lang)
-                    _write_lines(out / name, (getattr(p, lang) for p in spairs))
+                    name = "%s.%s.%s" % (split, set_name, lang)
+                    _write_lines(out / name, (getattr(p, lang) for p in pooled))
                     files.append(name)
     return files
 
 
 def build(corpus: dict[str, list[Pair]], out: Path, *, seed: int = 1, eval_size: int = 600,
           vocab_size: int = 8000, options: dict | None = None, packages: dict | None = None,
-          hard_vocab_limit: bool = True) -> dict:
+          hard_vocab_limit: bool = True, vocab_from: Path | None = None) -> dict:
     """The whole offline pipeline; returns (and writes) the manifest."""
     start = time.time()
     out = Path(out)
@@ -149,10 +161,16 @@ def build(corpus: dict[str, list[Pair]], out: Path, *, seed: int = 1, eval_size:
             tqdm(pairs, desc="filter " + source, unit="pair", mininterval=2, leave=False), seen)
     splits = split_corpus(clean_corpus, seed, eval_size)
     files = write_splits(splits, out, seed)
-    print("training SentencePiece (vocab %d) ..." % vocab_size, flush=True)
-    vocab.train([out / "train.de", out / "train.en"], out / "spm", vocab_size, seed=seed,
-                hard_vocab_limit=hard_vocab_limit)
-    files += ["spm.model", "spm.vocab"]
+    if vocab_from is not None:
+        # fine-tuning keeps the vocabulary the weights were trained with
+        shutil.copyfile(vocab_from, out / "spm.model")
+        vocab_size = vocab.size(out / "spm.model")
+        files += ["spm.model"]
+    else:
+        print("training SentencePiece (vocab %d) ..." % vocab_size, flush=True)
+        vocab.train([out / "train.de", out / "train.en"], out / "spm", vocab_size, seed=seed,
+                    hard_vocab_limit=hard_vocab_limit)
+        files += ["spm.model", "spm.vocab"]
     counts = {src: {s: len(splits[s].get(src, [])) for s in SPLITS} for src in sorted(corpus)}
     counts["total"] = {s: sum(c[s] for c in counts.values()) for s in SPLITS}
     manifest = {
@@ -164,7 +182,10 @@ def build(corpus: dict[str, list[Pair]], out: Path, *, seed: int = 1, eval_size:
         "extracted": {src: len(p) for src, p in corpus.items()},
         "dropped": {src: dict(sorted(d.items())) for src, d in dropped.items()},
         "vocab": {"model": "spm.model", "vocab_size": vocab_size, "model_type": "unigram",
-                  "normalization": "nmt_nfkc", **vocab.SPECIAL_IDS},
+                  "normalization": "nmt_nfkc", **vocab.SPECIAL_IDS,
+                  **({"copied_from": str(vocab_from)} if vocab_from else {})},
+        "eval_sets": {name: [m for m in members if m in clean_corpus]
+                      for name, members in EVAL_SETS.items() if any(m in clean_corpus for m in members)},
         "files": files,
         "seconds": round(time.time() - start, 1),
     }

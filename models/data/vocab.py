@@ -31,3 +31,7 @@ def train(inputs: list[Path], model_prefix: Path, vocab_size: int, seed: int = 1
         **SPECIAL_IDS,
     )
     return Path(str(model_prefix) + ".model")
+
+
+def size(model: Path) -> int:
+    return spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()

@@ -19,6 +19,21 @@ def read_parallel(prefix: str | Path, src_lang: str, tgt_lang: str) -> list[tupl
     return list(zip(src, tgt))
 
 
+def oversampled(data: str | Path, weights: dict, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+    """Extra copies of small sources: {source: n} adds n - 1 more copies of
+    DATA/train.SOURCE (written by prepare-data), so n = 1 changes nothing."""
+    extra = []
+    for source, n in sorted((weights or {}).items()):
+        if not isinstance(n, int) or n < 1:
+            raise UserError(f"oversample: {source} must be a whole number >= 1, not {n!r}")
+        prefix = Path(data) / f"train.{source}"
+        if not Path(f"{prefix}.{src_lang}").is_file():
+            raise UserError(f"oversample: no {prefix}.{src_lang}; is '{source}' one of the sources "
+                            f"prepare-data wrote to {data}?")
+        extra += read_parallel(prefix, src_lang, tgt_lang) * (n - 1)
+    return extra
+
+
 def encode_pairs(pairs, tok: Tokenizer, max_positions: int) -> list[tuple[list[int], list[int]]]:
     """Source gets EOS appended (it is a source position); target is kept bare.
     Pairs that do not fit the model's positions are dropped."""

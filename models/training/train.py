@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from models.checkpoint import pick_device, save_checkpoint
 from models.config import ModelConfig
-from models.training.data_loading import collate, encode_pairs, make_batches, read_parallel
+from models.training.data_loading import collate, encode_pairs, make_batches, oversampled, read_parallel
 from models.errors import UserError
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
@@ -54,6 +54,7 @@ class TrainConfig:
     snapshot_every: int | None = None  # also keep OUTPUT/snapshots/stepNNNNNN every N updates (learning curves)
     seed: int = 1
     init_from: str | None = None      # fine-tune from this checkpoint directory
+    oversample: dict = field(default_factory=dict)  # {source: n}: train.SOURCE n times in all
     threads: int | None = None
     device: str = "auto"
     extra: dict = field(default_factory=dict)
@@ -121,6 +122,7 @@ class Trainer:
         if train_pairs is None:
             train_pairs = read_parallel(data / "train", tc.src_lang, tc.tgt_lang)
             valid_pairs = read_parallel(data / "valid", tc.src_lang, tc.tgt_lang)
+            train_pairs += oversampled(data, tc.oversample, tc.src_lang, tc.tgt_lang)
         self.train_ex = encode_pairs(train_pairs, self.tok, self.cfg.max_positions)
         self.valid_ex = encode_pairs(valid_pairs or [], self.tok, self.cfg.max_positions)
         torch.manual_seed(tc.seed)
