@@ -280,5 +280,7 @@ def uvicorn_config(app, settings, **kw) -> uvicorn.Config:
         srv.metrics.refusals.labels(reason).inc()
 
     install_log_redaction()
+    if settings.forwarded_allow_ips is not None:
+        kw.setdefault("forwarded_allow_ips", settings.forwarded_allow_ips)
     return uvicorn.Config(app, http=make_http_protocol(settings, refused), ws=make_ws_protocol(settings, refused),
                           ws_max_size=4 * settings.max_message_bytes + 1024, **kw)

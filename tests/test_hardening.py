@@ -309,6 +309,23 @@ def test_connections_per_address_are_limited_and_other_addresses_get_in(server):
     assert server.metric("simulserve_refusals_total", reason="ip_connections") == before + 1
 
 
+def test_a_trusted_proxy_gives_the_client_address(trained):
+    """Behind a proxy on another address, X-Forwarded-For names the client for the per-address limits."""
+    with LiveServer(models={"waitk": str(trained["waitk"])}, max_connections_per_ip=1,
+                    forwarded_allow_ips="127.0.0.9") as srv:
+        async def main():
+            proxy = {"local_addr": ("127.0.0.9", 0)}
+            a = await connect(srv.url, additional_headers={"X-Forwarded-For": "10.0.0.1"}, **proxy)
+            b = await talk(srv.url, [START] + TAIL, additional_headers={"X-Forwarded-For": "10.0.0.2"}, **proxy)
+            c = await talk(srv.url, [START] + TAIL, additional_headers={"X-Forwarded-For": "10.0.0.1"}, **proxy)
+            await a.close()
+            return b, c
+
+        (b, b_code), (c, _) = asyncio.run(main())
+        assert b_code == 1000 and b[-1]["type"] == "end"           # another client behind the same proxy
+        assert codes(c) == ["too_many_connections"]               # the same client twice
+
+
 def test_failed_keys_per_address_are_limited(trained):
     with LiveServer(models={"waitk": str(trained["waitk"])}, api_keys=[KEY], max_auth_failures_per_ip=3,
                     auth_failure_window_s=60) as srv:
