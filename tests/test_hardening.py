@@ -292,6 +292,22 @@ async def _until_closed(ws):
         return
 
 
+def test_a_client_waiting_for_its_translation_is_not_idle(trained):
+    """The idle timer is about the client: while the engine still owes it words (input unread, an
+    ended sentence or end_stream not yet done) a silent client is waiting, not idle."""
+    words = [f"w{i % 7}" for i in range(30)]
+    msgs = [{"type": "start", "model": "waitk", "k": 1}]
+    for _ in range(12):
+        msgs += [{"type": "words", "words": words}, {"type": "end_sentence"}]
+    with LiveServer(models={"waitk": str(trained["waitk"])}, idle_timeout_s=0.3, max_backlog_words=512,
+                    max_words_per_sentence=40, max_batch=1) as srv:
+        t0 = time.monotonic()
+        received, code = asyncio.run(talk(srv.url, msgs + [{"type": "end_stream"}]))
+        took = time.monotonic() - t0
+    assert not codes(received) and code == 1000, (codes(received), took)
+    assert len(translated(received)) == 12
+
+
 def test_connections_per_address_are_limited_and_other_addresses_get_in(server):
     before = server.metric("simulserve_refusals_total", reason="ip_connections")
 
