@@ -432,7 +432,8 @@ async def cache_soak(args, url, base) -> dict:
         socks.append(ws)
     await asyncio.sleep(2)
     m = scrape(base)
-    peak, slots_peak = m["process_resident_memory_bytes"] / 2 ** 20, m.get('simulserve_cache_slots_allocated{model="bench"}')
+    slots = 'simulserve_cache_slots_allocated{model="bench"}'
+    peak, slots_peak = m["process_resident_memory_bytes"] / 2 ** 20, m.get(slots)
     for ws in socks:
         await ws.close()
     after_s = 2 * args.memory_trim_s + 2
@@ -440,4 +441,4 @@ async def cache_soak(args, url, base) -> dict:
     m = scrape(base)
     return {"streams": args.soak_streams, "rss_idle_mb": round(idle), "rss_peak_mb": round(peak),
             "slots_peak": int(slots_peak or 0), "rss_after_mb": round(m["process_resident_memory_bytes"] / 2 ** 20),
-            "slots_after": int(m.get('simulserve_cache_slots_allocated{model="bench"}', 0)), "after_s": after_s}
+            "slots_after": int(m.get(slots, 0)), "after_s": after_s}

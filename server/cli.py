@@ -51,6 +51,8 @@ FLAGS = {
     "--rate-burst": ("rate_burst", {"type": int}),
     "--max-k": ("max_k", {"type": int}),
     "--max-delta": ("max_delta", {"type": float}),
+    "--forwarded-allow-ips": ("forwarded_allow_ips", {"help": "proxies trusted for X-Forwarded-For (the "
+                                                              "client address of the per-address limits)"}),
     "--ssl-certfile": ("ssl_certfile", {"help": "serve wss:// with this certificate (and --ssl-keyfile)"}),
     "--ssl-keyfile": ("ssl_keyfile", {}),
     "--web-dir": ("web_dir", {}),

@@ -214,8 +214,9 @@ def make_http_protocol(settings, refused: Callable[[str], None]):
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._start_head()          # a kept-alive connection's next head is timed too
+            # a kept-alive connection's next head is timed too (unless it came already, pipelined)
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self._start_head()
 
         def connection_lost(self, exc) -> None:
             self._cancel_head_timer()
@@ -279,5 +280,7 @@ def uvicorn_config(app, settings, **kw) -> uvicorn.Config:
         srv.metrics.refusals.labels(reason).inc()
 
     install_log_redaction()
+    if settings.forwarded_allow_ips is not None:
+        kw.setdefault("forwarded_allow_ips", settings.forwarded_allow_ips)
     return uvicorn.Config(app, http=make_http_protocol(settings, refused), ws=make_ws_protocol(settings, refused),
                           ws_max_size=4 * settings.max_message_bytes + 1024, **kw)

@@ -74,6 +74,9 @@ class ServerSettings(BaseSettings):
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["*"], description="browser origins allowed to connect (* = any)")
     # transport
+    forwarded_allow_ips: str | None = Field(None, description="proxies whose X-Forwarded-For gives the client "
+                                                              "address (comma list, * = any; default: "
+                                                              "$FORWARDED_ALLOW_IPS or 127.0.0.1,::1)")
     ssl_certfile: str | None = Field(None, description="serve wss:// and https:// with this certificate")
     ssl_keyfile: str | None = None
     web_dir: str | None = Field(None, description="static caption page served at / (default clients/web)")

@@ -292,6 +292,22 @@ async def _until_closed(ws):
         return
 
 
+def test_a_client_waiting_for_its_translation_is_not_idle(trained):
+    """The idle timer is about the client: while the engine still owes it words (input unread, an
+    ended sentence or end_stream not yet done) a silent client is waiting, not idle."""
+    words = [f"w{i % 7}" for i in range(30)]
+    msgs = [{"type": "start", "model": "waitk", "k": 1}]
+    for _ in range(12):
+        msgs += [{"type": "words", "words": words}, {"type": "end_sentence"}]
+    with LiveServer(models={"waitk": str(trained["waitk"])}, idle_timeout_s=0.3, max_backlog_words=512,
+                    max_words_per_sentence=40, max_batch=1) as srv:
+        t0 = time.monotonic()
+        received, code = asyncio.run(talk(srv.url, msgs + [{"type": "end_stream"}]))
+        took = time.monotonic() - t0
+    assert not codes(received) and code == 1000, (codes(received), took)
+    assert len(translated(received)) == 12
+
+
 def test_connections_per_address_are_limited_and_other_addresses_get_in(server):
     before = server.metric("simulserve_refusals_total", reason="ip_connections")
 
@@ -307,6 +323,23 @@ def test_connections_per_address_are_limited_and_other_addresses_get_in(server):
     assert codes(extra) == ["too_many_connections"] and extra_code == 1013
     assert other_code == 1000 and other[-1]["type"] == "end"
     assert server.metric("simulserve_refusals_total", reason="ip_connections") == before + 1
+
+
+def test_a_trusted_proxy_gives_the_client_address(trained):
+    """Behind a proxy on another address, X-Forwarded-For names the client for the per-address limits."""
+    with LiveServer(models={"waitk": str(trained["waitk"])}, max_connections_per_ip=1,
+                    forwarded_allow_ips="127.0.0.9") as srv:
+        async def main():
+            proxy = {"local_addr": ("127.0.0.9", 0)}
+            a = await connect(srv.url, additional_headers={"X-Forwarded-For": "10.0.0.1"}, **proxy)
+            b = await talk(srv.url, [START] + TAIL, additional_headers={"X-Forwarded-For": "10.0.0.2"}, **proxy)
+            c = await talk(srv.url, [START] + TAIL, additional_headers={"X-Forwarded-For": "10.0.0.1"}, **proxy)
+            await a.close()
+            return b, c
+
+        (b, b_code), (c, _) = asyncio.run(main())
+        assert b_code == 1000 and b[-1]["type"] == "end"           # another client behind the same proxy
+        assert codes(c) == ["too_many_connections"]               # the same client twice
 
 
 def test_failed_keys_per_address_are_limited(trained):
