@@ -92,7 +92,6 @@ class MultiHeadAttention(nn.Module):
         w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
         return self.out_proj(self.merge(torch.matmul(w, v))), weights
 
-
     def attend_variant(self, q, k, v, allowed, prior=None, tau=None, reweight=None):
         """The explicit attention of the cross-attention variants (models/variants/).
 

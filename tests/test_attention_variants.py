@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import random_decoder, tiny_config
+from conftest import tiny_config
 
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.config import ConfigError, ModelConfig
@@ -295,8 +295,8 @@ def test_calibration_losses_keep_their_gradients_apart(mode, word_tok):
 
 
 def test_calibration_trains_with_the_anneal_schedule_and_resumes(word_tok, tmp_path):
-    cfg = tiny_config(word_tok, "offline", variant={"kind": "calibration", "calibration_mode": "anneal",
-                                                   "calibration_anneal_steps": 4})
+    variant = {"kind": "calibration", "calibration_mode": "anneal", "calibration_anneal_steps": 4}
+    cfg = tiny_config(word_tok, "offline", variant=variant)
     model = {k: v for k, v in cfg.to_dict().items()
              if k not in ("vocab_size", "src_lang", "tgt_lang", "pad_id", "unk_id", "bos_id", "eos_id")}
     pairs, valid = make_pairs(200, seed=1), make_pairs(20, seed=2)

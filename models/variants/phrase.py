@@ -14,8 +14,6 @@ Weights start at the identity (tap 0 = I, others 0), i.e. standard attention.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
