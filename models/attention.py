@@ -92,6 +92,27 @@ class MultiHeadAttention(nn.Module):
         w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
         return self.out_proj(self.merge(torch.matmul(w, v))), weights
 
+    def attend_variant(self, q, k, v, allowed, prior=None, tau=None, reweight=None):
+        """The explicit attention of the cross-attention variants (models/variants/).
+
+        tau (B,T) softmax temperatures (SACT); reweight: α (B,H,T,S) fp32 -> the weights
+        actually applied (GMM's mixture, calibration). Returns the output (B,T,d), the applied
+        weights (B,H,T,S) and the context (B,T,d) — the heads merged before W_O (SACT's c̃)."""
+        logits = torch.matmul(q, k.transpose(-1, -2)).float()
+        if tau is not None:
+            logits = logits / tau.float().view(tau.shape[0], 1, tau.shape[1], 1)
+        if prior is not None:
+            logits = logits + torch.where(allowed, prior, NEG_INF).unsqueeze(1)
+        else:
+            logits = logits.masked_fill(~allowed.unsqueeze(1), NEG_INF)
+        weights = torch.softmax(logits, dim=-1)
+        weights = torch.where(allowed.any(-1, keepdim=True).unsqueeze(1), weights, torch.zeros_like(weights))
+        if reweight is not None:
+            weights = reweight(weights) * allowed.unsqueeze(1)
+        w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
+        ctx = self.merge(torch.matmul(w, v))
+        return self.out_proj(ctx), weights, ctx
+
 
 def visible_mask(n_visible: torch.Tensor, src_len: int) -> torch.Tensor:
     """n_visible (B, T) int -> allowed (B, T, S) with j < n."""

@@ -16,6 +16,9 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
     h, dk = cfg.n_heads, cfg.head_dim
     caches = [(torch.zeros(beam, h, max_len + 1, dk, device=dev), torch.zeros(beam, h, max_len + 1, dk, device=dev))
               for _ in range(cfg.decoder_layers)]
+    masks = [mk.expand(beam, -1, -1, -1) for mk in decoder.pool.gather("cross_mk", slot, s.available)] or None
+    contexts = (torch.zeros(beam, cfg.decoder_layers, cfg.d_model, device=dev)
+                if cfg.variant.kind == "sact" else None)  # SACT's c̃ per hypothesis
     avail = torch.full((beam,), s.available, device=dev)
     finished = torch.ones(beam, dtype=torch.bool, device=dev)
     hyps = [[] for _ in range(beam)]
@@ -25,8 +28,8 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
     prev = torch.full((beam,), cfg.bos_id, device=dev)
     for t in range(max_len):
         tt = torch.full((beam,), t, device=dev)
-        hidden, new_kv, _ = model.decode_step(prev, tt, [(k[:, :, : t + 1], v[:, :, : t + 1]) for k, v in caches],
-                                              cross, avail, finished)
+        hidden, new_kv, info = model.decode_step(prev, tt, [(k[:, :, : t + 1], v[:, :, : t + 1]) for k, v in caches],
+                                                 cross, avail, finished, mask_caches=masks, contexts=contexts)
         for (k, v), (nk, nv) in zip(caches, new_kv):
             k[:, :, t] = nk[:, :, 0]
             v[:, :, t] = nv[:, :, 0]
@@ -62,6 +65,8 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
             tokens.append(tokens[0])
         sel = torch.tensor(order, device=dev)
         caches = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in caches]
+        if contexts is not None:
+            contexts = info["context"].index_select(0, sel)
         hyps, scores = new_hyps, torch.tensor(new_scores, device=dev)
         prev = torch.tensor(tokens, device=dev)
     if not done:

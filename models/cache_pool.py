@@ -23,7 +23,7 @@ import torch
 
 from models.config import ModelConfig
 
-KINDS = ("enc_k", "enc_v", "cross_k", "cross_v", "dec_k", "dec_v")
+KINDS = ("enc_k", "enc_v", "cross_k", "cross_v", "dec_k", "dec_v", "cross_mk")
 
 
 class CachePool:
@@ -35,6 +35,8 @@ class CachePool:
             "enc_v": cfg.encoder_layers if cfg.causal_encoder else 0,
             "cross_k": cfg.decoder_layers, "cross_v": cfg.decoder_layers,
             "dec_k": cfg.decoder_layers, "dec_v": cfg.decoder_layers,
+            # calibration's mask keys of the received source (models/variants/calibration.py)
+            "cross_mk": cfg.decoder_layers if cfg.variant.kind == "calibration" else 0,
         }
         self.tensors = {name: self._empty(name, capacity) for name in KINDS}
         self.initial = self.capacity = capacity

@@ -7,10 +7,85 @@ from dataclasses import dataclass, field
 from models.errors import UserError
 
 ATTENTION_KINDS = ("standard", "waitk", "gma")
+# cross-attention variants of the source papers (docs/attention_variants.md); "none" = plain softmax
+VARIANT_KINDS = ("none", "gmm", "sact", "phrase", "calibration")
+# which policies (the `attention` field) each variant composes with, and why the others do not:
+# GMM's Gaussians are placed with the full source length J, which a stream does not know yet
+VARIANT_POLICIES = {"none": ATTENTION_KINDS, "gmm": ("standard",), "sact": ATTENTION_KINDS,
+                    "phrase": ATTENTION_KINDS, "calibration": ATTENTION_KINDS}
 
 
 class ConfigError(UserError):
     """A configuration (or checkpoint config.json) is malformed or inconsistent."""
+
+
+def _number(name, v, lo=None, hi=None, integer=False, lo_open=False):
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if not ok or isinstance(v, bool) or v != v:
+        raise ConfigError(f"variant.{name} must be {'an integer' if integer else 'a number'}, got {v!r}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ConfigError(f"variant.{name} must be {'>' if lo_open else '>='} {lo}, got {v!r}")
+    if hi is not None and v > hi:
+        raise ConfigError(f"variant.{name} must be <= {hi}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class VariantConfig:
+    """The cross-attention variant of the decoder and its parameters (only the kind's own are used).
+
+    gmm: K Gaussians per head mixed into softmax attention by a gate (Zhang & Feng 2021).
+    sact: softmax temperature τ = λ^tanh(·) per step and layer (Lin et al. 2018).
+    phrase: keys (convkv: and values) convolved over n consecutive source positions
+      (Nguyen & Joty); homogeneous = head h uses n-grams of size 1 + h mod n, heterogeneous =
+      every head attends to all sizes 1..n jointly.
+    calibration: a learned mask m recalibrates the attention (Lu et al. 2021).
+    """
+    kind: str = "none"
+    gmm_components: int = 4
+    gmm_sigma_floor: float = 0.5       # AMBIG in the paper: σ has no lower bound (see the spec)
+    gmm_gate_bias: float = -4.0        # b_g2 at init: g ≈ 0.018, close to standard attention
+    sact_lambda: float = 4.0
+    phrase_mode: str = "convkv"        # convkv | queryk
+    phrase_n: int = 2
+    phrase_structure: str = "homogeneous"  # homogeneous | heterogeneous
+    calibration_mode: str = "anneal"   # fixed | anneal | gate
+    calibration_alpha: float = 0.01    # α_c of L_m (not given in the paper)
+    calibration_anneal_steps: float = 1e5  # γ(s) = exp(-s / this); the paper: 10^5
+
+    @classmethod
+    def from_value(cls, v) -> "VariantConfig":
+        if isinstance(v, VariantConfig):
+            return v
+        if isinstance(v, str):
+            v = {"kind": v}
+        if not isinstance(v, dict):
+            raise ConfigError(f"variant must be a JSON object (or a kind name), got {v!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(v) - known)
+        if unknown:
+            raise ConfigError(f"unknown variant fields: {unknown}")
+        return cls(**v)
+
+    def __post_init__(self):
+        if self.kind not in VARIANT_KINDS:
+            raise ConfigError(f"variant.kind must be one of {VARIANT_KINDS}, got {self.kind!r}")
+        _number("gmm_components", self.gmm_components, 1, 64, integer=True)
+        _number("gmm_sigma_floor", self.gmm_sigma_floor, 0, lo_open=True)
+        _number("gmm_gate_bias", self.gmm_gate_bias, -1e4, 1e4)
+        _number("sact_lambda", self.sact_lambda, 1, 100, lo_open=True)
+        _number("phrase_n", self.phrase_n, 1, 8, integer=True)
+        if self.phrase_mode not in ("convkv", "queryk"):
+            raise ConfigError(f"variant.phrase_mode must be convkv or queryk, got {self.phrase_mode!r}")
+        if self.phrase_structure == "interleaved":
+            raise ConfigError("variant.phrase_structure 'interleaved' is not built in this project "
+                              "(use homogeneous or heterogeneous)")
+        if self.phrase_structure not in ("homogeneous", "heterogeneous"):
+            raise ConfigError("variant.phrase_structure must be homogeneous or heterogeneous, "
+                              f"got {self.phrase_structure!r}")
+        if self.calibration_mode not in ("fixed", "anneal", "gate"):
+            raise ConfigError(f"variant.calibration_mode must be fixed, anneal or gate, got {self.calibration_mode!r}")
+        _number("calibration_alpha", self.calibration_alpha, 0)
+        _number("calibration_anneal_steps", self.calibration_anneal_steps, 0, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -36,9 +111,12 @@ class ModelConfig:
     unk_id: int = 1
     bos_id: int = 2
     eos_id: int = 3
+    # the decoder's cross-attention variant (docs/attention_variants.md); composes with `attention`
+    variant: VariantConfig = field(default_factory=VariantConfig)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        object.__setattr__(self, "variant", VariantConfig.from_value(self.variant))
         self.validate()
 
     @property
@@ -66,6 +144,10 @@ class ModelConfig:
             raise ConfigError(f"default_k must be an integer >= 1, got {self.default_k!r}")
         if not (isinstance(self.default_delta, (int, float)) and self.default_delta >= 0):
             raise ConfigError(f"default_delta must be >= 0, got {self.default_delta!r}")
+        v = self.variant.kind
+        if self.attention not in VARIANT_POLICIES[v]:
+            raise ConfigError(f"the {v} attention variant does not compose with attention={self.attention!r} "
+                              f"(it does with {', '.join(VARIANT_POLICIES[v])}; see docs/attention_variants.md)")
         ids = (self.pad_id, self.unk_id, self.bos_id, self.eos_id)
         if len(set(ids)) != 4 or max(ids) >= self.vocab_size or min(ids) < 0:
             raise ConfigError(f"special ids {ids} must be distinct and < vocab_size")

@@ -232,6 +232,8 @@ class StreamingDecoder:
         for layer, (k, v) in enumerate(self.net.cross_kv(enc)):
             self.pool.write("cross_k", layer, slots[bi], pos, k[bi, :, ii])
             self.pool.write("cross_v", layer, slots[bi], pos, v[bi, :, ii])
+        for layer, mk in enumerate(self.net.mask_keys(enc) or []):
+            self.pool.write("cross_mk", layer, slots[bi], pos, mk[bi, :, ii])
         for s in todo:
             s.n_encoded = s.available
 
@@ -248,10 +250,15 @@ class StreamingDecoder:
         elif cfg.attention == "gma":
             delta = torch.tensor([s.policy.delta for s in states], device=dev, dtype=torch.float32)
             running = torch.tensor([s.gma_running for s in states], device=dev, dtype=torch.float32)
+        mask_caches = contexts = None
+        if cfg.variant.kind == "calibration":
+            mask_caches = self.pool.gather("cross_mk", slots, int(avail.max()))
+        elif cfg.variant.kind == "sact":
+            contexts = torch.stack([self._sact_context(s) for s in states])
         hidden, new_kv, info = self.net.decode_step(
             prev, t, self.pool.gather_kv("dec", slots, int(t.max())),
             self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running,
-            need_weights=any(s.record is not None for s in states))
+            need_weights=any(s.record is not None for s in states), mask_caches=mask_caches, contexts=contexts)
         read = info["read"].tolist()
         need = info["need"].tolist()
         keep = torch.tensor([not r for r in read], device=dev)
@@ -277,12 +284,20 @@ class StreamingDecoder:
                 continue
             if sums is not None:
                 s.gma_running = sums[r]
+            if "context" in info:  # SACT: only a written step moves c̃ on
+                s.sact_context = info["context"][r]
             if s.record is not None:
                 s.record.append({"n": info["n"][r].tolist(),
                                  "p": info["p"][r].tolist() if "p" in info else None,
                                  "attention": [a[r].mean(0)[: s.available].tolist() for a in info["attention"]]})
             outs.append(self._write(s, tokens[r]))
         return outs
+
+    def _sact_context(self, s: StreamState) -> torch.Tensor:
+        if s.sact_context is None:  # c̃ before the first target step: zeros
+            s.sact_context = torch.zeros(self.cfg.decoder_layers, self.cfg.d_model, device=self.device,
+                                         dtype=self.dtype)
+        return s.sact_context
 
     def _write(self, s: StreamState, token: int) -> StepOutput:
         """Commit one target token; release the words it completes."""

@@ -18,6 +18,10 @@ from torch import nn
 from models import gma
 from models.attention import MultiHeadAttention, causal_mask, visible_mask
 from models.config import ModelConfig
+from models.variants.calibration import CalibrationMask
+from models.variants.gmm import GaussianMixture
+from models.variants.phrase import PhraseProjection
+from models.variants.sact import Temperature
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
@@ -71,17 +75,78 @@ class DecoderLayer(nn.Module):
         self.ln3 = nn.LayerNorm(cfg.d_model)
         self.step_predictor = gma.StepPredictor(cfg.d_model) if cfg.attention == "gma" else None
         self.dropout = cfg.dropout
+        # the cross-attention variant's own parameters (at most one of these exists)
+        var = cfg.variant
+        self.variant = var.kind
+        self.gmm = (GaussianMixture(cfg.head_dim, var.gmm_components, var.gmm_sigma_floor, var.gmm_gate_bias)
+                    if var.kind == "gmm" else None)
+        self.sact = Temperature(cfg.d_model, var.sact_lambda) if var.kind == "sact" else None
+        self.phrase = (PhraseProjection(cfg.n_heads, cfg.head_dim, var.phrase_n, var.phrase_mode,
+                                        var.phrase_structure) if var.kind == "phrase" else None)
+        self.calib = (CalibrationMask(cfg.d_model, cfg.n_heads, var.calibration_mode, var.calibration_anneal_steps)
+                      if var.kind == "calibration" else None)
 
     def self_block(self, x, k, v, allowed, fresh=None, q=None):
         q = self.self_attn.query(x) if q is None else q
         h, _ = self.self_attn.attend(q, k, v, allowed, fresh=fresh)
         return self.ln1(x + F.dropout(h, self.dropout, self.training))
 
-    def cross_block(self, x, q, k, v, allowed, prior, need_weights=False):
-        h, w = self.cross_attn.attend(q, k, v, allowed, prior, need_weights=need_weights)
+    def cross_block(self, x, q, k, v, allowed, prior, need_weights=False, **variant):
+        """Cross-attention + FFN. `variant` holds what a variant needs (see variant_attention);
+        returns x, the weights (or None) and the variant's outputs (dict)."""
+        extras = {}
+        if self.variant == "none":
+            h, w = self.cross_attn.attend(q, k, v, allowed, prior, need_weights=need_weights)
+        else:
+            h, w, extras = self.variant_attention(x, q, k, v, allowed, prior, **variant)
         x = self.ln2(x + F.dropout(h, self.dropout, self.training))
         x = self.ln3(x + F.dropout(self.ffn(x), self.dropout, self.training))
-        return x, w
+        return x, w, extras
+
+    def variant_attention(self, x, q, k, v, allowed, prior, src_len=None, mask_keys=None,
+                          prev_context=None, perturbed=False):
+        """src_len (B,) the full source length (GMM); mask_keys (B,H,S,dk) (calibration);
+        prev_context (B,d) c̃ before the first query row (SACT; zero at t = 0); perturbed:
+        calibration's pass B (a^p instead of a^comb). Returns (h, weights (B,H,T,S), extras):
+        extras["context"] (B,d) the last row's context (SACT), extras["mask"] m (calibration)."""
+        extras, reweight = {}, None
+        attn = self.cross_attn
+        if self.phrase is not None:
+            s = k.shape[2]
+            k, v, allowed = self.phrase.keys_values(k, v, allowed)
+            if prior is not None:
+                prior = prior.repeat(1, 1, k.shape[2] // s)
+        if self.gmm is not None:
+            beta, gate = self.gmm(q, src_len, k.shape[2])
+            reweight = lambda a: (1 - gate) * a + gate * beta  # noqa: E731
+        if self.calib is not None:
+            m = self.calib.mask(x, mask_keys) * allowed.unsqueeze(1)
+            extras["mask"] = m
+            if perturbed:
+                reweight = lambda a: CalibrationMask.perturb(a, m, allowed)  # noqa: E731
+            else:
+                reweight = lambda a: self.calib.combine(a, m, q)  # noqa: E731
+        if self.sact is None:
+            h, w, _ = attn.attend_variant(q, k, v, allowed, prior, reweight=reweight)
+        else:
+            # τ_t depends on the context at t − 1: the logits are parallel, the softmax runs row by row
+            state = self.sact.state_term(x)
+            prev = torch.zeros_like(x[:, 0]) if prev_context is None else prev_context.to(x.dtype)
+            hs, ws = [], []
+            for t in range(x.shape[1]):
+                tau = self.sact.tau(state[:, t], prev).view(-1, 1)
+                h, w, ctx = attn.attend_variant(q[:, :, t:t + 1], k, v, allowed[:, t:t + 1],
+                                                None if prior is None else prior[:, t:t + 1], tau=tau)
+                prev = ctx[:, 0]
+                hs.append(h)
+                ws.append(w)
+                extras.setdefault("tau", []).append(tau)
+            h, w = torch.cat(hs, 1), torch.cat(ws, 2)
+            extras["context"] = prev
+            extras["tau"] = torch.cat(extras["tau"], 1)
+        if self.phrase is not None:
+            w = self.phrase.fold_weights(w)
+        return h, w, extras
 
 
 class Transformer(nn.Module):
@@ -147,15 +212,23 @@ class Transformer(nn.Module):
             x = layer(x, k, v, allowed)
         return x
 
-    def decode(self, tgt_in, enc, src_len, k=None, delta=None, return_attention=False):
-        """Teacher-forced decoder over tgt_in (B,T) -> logits (B,T,V) and per-layer info."""
+    def mask_keys(self, enc: torch.Tensor) -> list[torch.Tensor] | None:
+        """Calibration's per-layer mask keys of encoder states (B,S,d), else None."""
+        if self.cfg.variant.kind != "calibration":
+            return None
+        return [layer.calib.mask_keys(enc) for layer in self.decoder]
+
+    def decode(self, tgt_in, enc, src_len, k=None, delta=None, return_attention=False, perturbed=False):
+        """Teacher-forced decoder over tgt_in (B,T) -> logits (B,T,V) and per-layer info.
+        perturbed: calibration's pass B (info["masks"] holds each layer's m)."""
         b, t_len = tgt_in.shape
         t = torch.arange(t_len, device=tgt_in.device).expand(b, t_len)
         x = self.embed_tokens(tgt_in, t)
         self_allowed = causal_mask(t, torch.full((b,), t_len, device=t.device))
         cross = self.cross_kv(enc)
-        info = {"p": [], "n": [], "need": [], "attention": []}
-        for layer, (ck, cv) in zip(self.decoder, cross):
+        info = {"p": [], "n": [], "need": [], "attention": [], "masks": [], "tau": []}
+        mks = self.mask_keys(enc)
+        for li, (layer, (ck, cv)) in enumerate(zip(self.decoder, cross)):
             sk, sv = layer.self_attn.keys_values(x)
             x = layer.self_block(x, sk, sv, self_allowed)
             q = layer.cross_attn.query(x)
@@ -163,7 +236,12 @@ class Transformer(nn.Module):
             info["need"].append(n)
             n = torch.minimum(n, src_len.view(-1, 1))
             prior = gma.log_prior(p, enc.shape[1]) if p is not None else None
-            x, w = layer.cross_block(x, q, ck, cv, visible_mask(n, enc.shape[1]), prior, return_attention)
+            x, w, extras = layer.cross_block(x, q, ck, cv, visible_mask(n, enc.shape[1]), prior, return_attention,
+                                             **self._variant_args(src_len, mks, li, None, perturbed))
+            if "mask" in extras:
+                info["masks"].append(extras["mask"])
+            if "tau" in extras:
+                info["tau"].append(extras["tau"])
             info["n"].append(n)
             if p is not None:
                 info["p"].append(p)
@@ -171,8 +249,19 @@ class Transformer(nn.Module):
                 info["attention"].append(w)
         return self.logits(x), info
 
-    def forward(self, src, src_len, tgt_in, k=None, delta=None):
-        return self.decode(tgt_in, self.encode(src, src_len), src_len, k, delta)[0]
+    def _variant_args(self, src_len, mask_keys, li, contexts, perturbed=False) -> dict:
+        kind = self.cfg.variant.kind
+        if kind == "gmm":
+            return {"src_len": src_len}
+        if kind == "calibration":
+            return {"mask_keys": mask_keys[li], "perturbed": perturbed}
+        if kind == "sact":
+            return {"prev_context": None if contexts is None else contexts[:, li]}
+        return {}
+
+    def forward(self, src, src_len, tgt_in, k=None, delta=None, perturbed=False, return_info=False):
+        logits, info = self.decode(tgt_in, self.encode(src, src_len), src_len, k, delta, perturbed=perturbed)
+        return (logits, info) if return_info else logits
 
     # ---- incremental paths (streaming) ----------------------------------
     def encode_chunk(self, tokens, start, n_new, caches):
@@ -200,7 +289,7 @@ class Transformer(nn.Module):
         return x, new_kv
 
     def decode_step(self, tokens, t, self_caches, cross_caches, avail, finished,
-                    k=None, delta=None, running=None, need_weights=False):
+                    k=None, delta=None, running=None, need_weights=False, mask_caches=None, contexts=None):
         """One decoder position for a batch of streams.
 
         tokens (B,) previous target token, t (B,) its position, self_caches per layer
@@ -213,7 +302,9 @@ class Transformer(nn.Module):
         `read` (B,) — the step needs more source than has arrived — with `need` (B,)
         source positions it needs at least, and, for GMA,
         `running` (B,L) and `p` (B,L); with need_weights, `attention`: per layer the cross
-        attention weights (B,H,S').
+        attention weights (B,H,S'). Variants: mask_caches per layer the calibration mask keys
+        (B,H,S',dk); contexts (B,L,d) SACT's c̃_{t−1} per layer (zeros at t = 0), the new ones
+        come back as info["context"]. GMM (offline) takes the source length from avail.
         """
         b = tokens.shape[0]
         tt = t.view(-1, 1)
@@ -223,7 +314,7 @@ class Transformer(nn.Module):
         own = torch.ones(b, 1, 1, dtype=torch.bool, device=t.device)
         read = torch.zeros(b, dtype=torch.bool, device=tokens.device)
         need = torch.zeros(b, dtype=torch.long, device=tokens.device)
-        new_kv, ps, sums, attn, ns = [], [], [], [], []
+        new_kv, ps, sums, attn, ns, ctxs = [], [], [], [], [], []
         for li, (layer, (kb, vb), (ck, cv)) in enumerate(zip(self.decoder, self_caches, cross_caches)):
             sq, sk, sv = layer.self_attn.query_keys_values(x)
             new_kv.append((sk, sv))
@@ -241,7 +332,10 @@ class Transformer(nn.Module):
             if bool(read.all()):  # every stream READs: the layers above would be wasted
                 return x[:, 0], new_kv, {"read": read, "need": need}
             prior = gma.log_prior(p, ck.shape[2]) if p is not None else None
-            x, w = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior, need_weights)
+            x, w, extras = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior,
+                                             need_weights, **self._variant_args(avail, mask_caches, li, contexts))
+            if "context" in extras:
+                ctxs.append(extras["context"])
             if need_weights:
                 attn.append(w[:, :, 0])
             ns.append(n)
@@ -249,6 +343,8 @@ class Transformer(nn.Module):
                 ps.append(p[:, 0])
                 sums.append(total)
         info = {"read": read, "need": need, "attention": attn, "n": torch.stack(ns, 1)}
+        if ctxs:
+            info["context"] = torch.stack(ctxs, 1)
         if ps:
             info["p"] = torch.stack(ps, 1)
             info["running"] = torch.stack(sums, 1)

@@ -87,7 +87,8 @@ class ModelEngine:
             knobs["k"] = {"default": c.default_k, "min": 1, "max": self.max_k}
         elif c.policy == "gma":
             knobs["delta"] = {"default": c.default_delta, "min": 0.0, "max": self.max_delta}
-        return {"name": self.name, "policy": c.policy, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
+        return {"name": self.name, "policy": c.policy, "attention": c.variant.kind.replace("none", "standard"),
+                "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
                 "dtype": str(self.dec.dtype).removeprefix("torch."),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},

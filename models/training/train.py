@@ -93,6 +93,54 @@ def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float):
     return loss, ntok
 
 
+def is_mask_parameter(name: str) -> bool:
+    """Calibration's mask projections: they learn only from L_m (models/variants/calibration.py)."""
+    return ".calib.q_m." in name or ".calib.k_m." in name
+
+
+def calibration_losses(model, batch, cfg: ModelConfig, k: int | None, smoothing: float):
+    """Attention calibration (Lu et al. 2021), both passes of one batch.
+
+    Pass A (a^comb): L_NMT, the summed label-smoothed CE. Pass B (a^p, the attention
+    perturbed by the mask): L_m = −L_NMT(a^p) / ntok + α_c · ‖1 − m‖₂, the norm taken per
+    sentence and layer over its valid (head, target, source) entries and averaged (our
+    normalisation; the paper gives neither it nor α_c). Returns (L_NMT sum, ntok, L_m)."""
+    src, src_len, tgt_in, tgt_out = batch
+    b = src.shape[0]
+    kk = torch.full((b,), k, device=src.device) if k is not None else None
+    delta = torch.full((b,), float(cfg.default_delta), device=src.device) if cfg.attention == "gma" else None
+    ntok = int((tgt_out != cfg.pad_id).sum())
+
+    def ce(logits):
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt_out.view(-1),
+                               ignore_index=cfg.pad_id, label_smoothing=smoothing, reduction="sum")
+
+    loss_nmt = ce(model(src, src_len, tgt_in, kk, delta))
+    logits_p, info = model(src, src_len, tgt_in, kk, delta, perturbed=True, return_info=True)
+    tgt_valid = (tgt_out != cfg.pad_id).float().view(b, 1, -1, 1)
+    norms = [(((1 - m) * tgt_valid) ** 2).sum((1, 2, 3)).clamp_min(1e-12).sqrt() for m in info["masks"]]
+    reg = torch.stack(norms).mean()
+    alpha_c = cfg.variant.calibration_alpha
+    loss_m = -ce(logits_p) / max(ntok, 1) + alpha_c * reg
+    return loss_nmt, ntok, loss_m
+
+
+def calibration_backward(model, loss_nmt, ntok: int, loss_m, scale=lambda x: x) -> None:
+    """Accumulate L_NMT's gradients into every parameter but the mask's, and L_m's into the
+    mask's only (each loss also reaches the other group through the graph: cut here)."""
+    mask = [p for n, p in model.named_parameters() if is_mask_parameter(n)]
+    rest = [p for n, p in model.named_parameters() if not is_mask_parameter(n)]
+    scale(loss_nmt / max(ntok, 1)).backward(inputs=rest, retain_graph=True)
+    scale(loss_m).backward(inputs=mask)
+
+
+def set_update_step(model, step: int) -> None:
+    """Where the calibration's anneal schedule γ(s) is (s = updates done): kept in the weights."""
+    for layer in getattr(model, "decoder", []):
+        if getattr(layer, "calib", None) is not None:
+            layer.calib.update_step.fill_(float(step))
+
+
 def sample_k(seed: int, step: int, src_max: int) -> int:
     """Multipath wait-k: one k per batch, uniform in 1..padded source length,
     derived from (seed, step) so a resumed run draws the same ks."""
@@ -245,10 +293,18 @@ class Trainer:
                     lr = inverse_sqrt_lr(self.step, tc.lr, tc.warmup)
                     for g in self.opt.param_groups:
                         g["lr"] = lr
+                    set_update_step(self.model, self.step - 1)  # γ(s) of calibration's anneal: s = updates done
+                    calibrating = cfg.variant.kind == "calibration"
                     with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                        loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing)
+                        if calibrating:
+                            loss, ntok, loss_m = calibration_losses(self.net, batch, cfg, k, tc.label_smoothing)
+                        else:
+                            loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing)
                     self.opt.zero_grad(set_to_none=True)
-                    self.scaler.scale(loss / max(ntok, 1)).backward()
+                    if calibrating:  # the two losses' gradients kept apart (mask vs everything else)
+                        calibration_backward(self.model, loss, ntok, loss_m, self.scaler.scale)
+                    else:
+                        self.scaler.scale(loss / max(ntok, 1)).backward()
                     self.scaler.step(self.opt)
                     self.scaler.update()
                     self.position += 1
@@ -333,6 +389,7 @@ class Trainer:
         # before the first epoch ends there is nothing to average: export the current weights
         model = Transformer(self.cfg)
         model.load_state_dict(average_weights(files) if files else self.model.state_dict())
+        set_update_step(model, self.step)  # the anneal's γ at the end of training, not an average
         return save_checkpoint(self.out / "checkpoint", model, self.tok,
                                self._training_info([f.name for f in files]))
 
