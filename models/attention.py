@@ -13,9 +13,22 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 NEG_INF = float("-inf")
+# On CUDA the fused attention may not use cuDNN's backend: it builds a plan for every new shape, and
+# a streaming step's shapes (batch, cache length) change every step. Profiled on an H100 in bfloat16:
+# 6.6 ms of host time per call with cuDNN, against ~9 us for the memory-efficient kernel in float32.
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def fused_attention(q, k, v, mask) -> torch.Tensor:
+    """scaled_dot_product_attention with the logits pre-scaled; on CUDA without the cuDNN backend."""
+    if q.is_cuda:
+        with sdpa_kernel(CUDA_SDPA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
 
 
 class MultiHeadAttention(nn.Module):
@@ -80,8 +93,7 @@ class MultiHeadAttention(nn.Module):
         else:
             mask = allowed.unsqueeze(1)
         if not (need_weights or self.training or not self.fused_kernel):
-            h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if prior is not None else mask,
-                                               scale=1.0)
+            h = fused_attention(q, k, v, mask.to(q.dtype) if prior is not None else mask)
             return self.out_proj(self.merge(h)), None
         # the explicit computation: training (the shipped models were trained with it) and
         # callers that look at the weights (alignment plots)

@@ -24,10 +24,23 @@ needs_packing = pytest.mark.skipif(not packing_available(torch.device("cpu"), to
                                    reason="oneDNN packed linears are not available in this torch build")
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("with_prior", [False, True])
 @pytest.mark.parametrize("with_fresh", [False, True])
-def test_fused_attention_equals_explicit(with_prior, with_fresh):
+def test_fused_attention_equals_explicit(with_prior, with_fresh, device):
+    """On CUDA the fused path runs without cuDNN's backend (models/attention.py: fused_attention)."""
     torch.manual_seed(0)
+    torch.set_default_device(device)
+    try:
+        _fused_equals_explicit(with_prior, with_fresh)
+    finally:
+        torch.set_default_device("cpu")
+
+
+def _fused_equals_explicit(with_prior, with_fresh):
     att = MultiHeadAttention(32, 4).eval()
     b, t, s = 3, 5, 9
     x, mem = torch.randn(b, t, 32), torch.randn(b, s, 32)
