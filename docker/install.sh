@@ -13,6 +13,7 @@
 #                       [TORCH_INDEX; default: pip's configured indexes]
 #   --extras LIST       project extras, e.g. eval [SIMULSERVE_EXTRAS]
 #   --python EXE        interpreter for a new venv [PYTHON, default python3]
+#   --dry-run           check the options and say what would be installed, install nothing
 #   --deps-only         torch and the project's dependencies only, not the project: the images run this
 #                       from pyproject.toml alone, so a code change does not reinstall them (layer cache)
 #
@@ -28,6 +29,7 @@ TORCH_INDEX="${TORCH_INDEX:-}"
 EXTRAS="${SIMULSERVE_EXTRAS:-}"
 PYTHON="${PYTHON:-python3}"
 DEPS_ONLY=0
+DRY_RUN=0
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "install.sh: $1 needs a value" >&2; exit 2; }; }
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --extras) need "$@"; EXTRAS="$2"; shift 2 ;;
     --python) need "$@"; PYTHON="$2"; shift 2 ;;
     --deps-only) DEPS_ONLY=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -53,6 +56,12 @@ case "$TORCH_SPEC" in
 esac
 
 step() { echo "install.sh: $*" >&2; }
+if [ "$DRY_RUN" = 1 ]; then
+  echo "install.sh: would install $TORCH_SPEC${TORCH_INDEX:+ from $TORCH_INDEX}, then" \
+       "$([ "$DEPS_ONLY" = 1 ] && echo "the dependencies of" || echo "the project") $SRC" \
+       "${EXTRAS:+(extras: $EXTRAS) }into $VENV"
+  exit 0
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   step "creating the virtual environment $VENV"
   "$PYTHON" -m venv "$VENV"

@@ -39,7 +39,7 @@ if [ -z "$SUITE" ]; then
   SUITE="$(. /etc/os-release 2>/dev/null; [ "${ID:-}" = debian ] && echo "${VERSION_CODENAME:-}")"
   SUITE="${SUITE:-bookworm}"
 fi
-TARBALL="$CACHE/base-$SUITE-python3.tar"
+TARBALL="$CACHE/base-$SUITE-python3-v2.tar"
 if [ "$FORCE" = 1 ] || [ ! -s "$TARBALL" ]; then
   command -v debootstrap >/dev/null || { log "debootstrap is not installed (apt-get install debootstrap)"; exit 3; }
   # the host's Debian mirror, as its apt configuration names it (deb822 or one-line format)
@@ -48,6 +48,7 @@ if [ "$FORCE" = 1 ] || [ ! -s "$TARBALL" ]; then
   [ -n "$MIRROR" ] || MIRROR="$(awk '$1 == "deb" && $0 !~ /security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}' \
             /etc/apt/sources.list 2>/dev/null || true)"
   ROOTFS="$(mktemp -d)"
+  chmod 0755 "$ROOTFS"   # it becomes the image's /: mktemp's 0700 would lock out every non-root user
   trap 'rm -rf "$ROOTFS"' EXIT
   log "debootstrap --variant=minbase $SUITE with python3, python3-venv (a minute or two)"
   t0=$SECONDS
