@@ -283,7 +283,7 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
 
     def lost() -> None:
         code = ws.close_code
-        text = f"the server closed the connection (code {code} {ws.close_reason or ''})".rstrip()
+        text = f"the server closed the connection (code {code}{' ' + ws.close_reason if ws.close_reason else ''})"
         if code is None or code in RECONNECT_CLOSE_CODES:
             raise _ConnectionLost(text)
         raise ClientError(text, 5)
