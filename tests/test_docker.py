@@ -260,21 +260,22 @@ def test_docker_compose_config_accepts_the_files(compose):
 def test_install_script_installs_a_working_simulserve_into_a_fresh_venv(tmp_path):
     venv = tmp_path / "venv"
     t0 = time.monotonic()
+    # a clean environment for every call: PYTHONPATH pointing at a checkout would hide the installed package
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     r = subprocess.run(["bash", str(DOCKER / "install.sh"), "--venv", str(venv), "--torch", TORCH],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=1800,
-                       env={k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")})
+                       capture_output=True, text=True, cwd=tmp_path, timeout=1800, env=env)
     print(f"install.sh took {time.monotonic() - t0:.0f} s")
     assert r.returncode == 0, r.stderr[-4000:]
     assert "install.sh: ok" in r.stderr
-    out = subprocess.run([str(venv / "bin" / "simulserve"), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run([str(venv / "bin" / "simulserve"), "--help"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0 and "serve" in out.stdout
     serve = subprocess.run([str(venv / "bin" / "simulserve"), "serve", "--help"], capture_output=True, text=True,
-                           cwd=tmp_path)
+                           cwd=tmp_path, env=env)
     assert serve.returncode == 0 and "--api-key" in serve.stdout
     torch = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
-                           capture_output=True, text=True, cwd=tmp_path)
+                           capture_output=True, text=True, cwd=tmp_path, env=env)
     assert torch.stdout.startswith(TORCH.split("==")[1])
     # a fresh venv only: the project is not importable from the repository by accident
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import server; print(server.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path)
+                           capture_output=True, text=True, cwd=tmp_path, env=env)
     assert str(venv) in where.stdout, where.stdout
