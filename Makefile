@@ -1,5 +1,6 @@
 # The README's two commands:  `make serve`  and  `make test`.
 # Both set up .venv on a fresh machine first (idempotent).
+# `make demo`: the caption page served from the CPU image (docker compose, else podman; docs/docker.md).
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -9,7 +10,7 @@ PORT    ?= 8000
 # would pull a multi-GB CUDA build. On a GPU machine: make setup TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup setup-test serve test bench clean
+.PHONY: setup setup-test serve test bench demo clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +24,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[eval,test]"
 	-bash docker/install-browser.sh
+	-bash docker/install-engine.sh
 	touch $@
 
 setup: $(VENV)/.installed
@@ -33,6 +35,10 @@ serve: setup
 
 test: setup-test
 	$(BIN)/python -m pytest -q -ra tests
+
+demo:
+	-bash docker/install-engine.sh
+	bash docker/demo.sh --port $(PORT)
 
 bench: setup
 	$(BIN)/simulserve bench engine

@@ -82,6 +82,12 @@ class Captions:
             self.out.write("\r\033[K" + ("…" + line[-width + 1:] if len(line) > width else line))
             self.out.flush()
 
+    def restart(self) -> None:
+        """A reconnect: the unfinished sentence starts again."""
+        if self.live and self.current:
+            self.out.write("\r\033[K")
+        self.current = []
+
     def sentence(self, msg: dict) -> None:
         self.current = []
         if self.as_json:
@@ -100,18 +106,21 @@ class Captions:
         self.out.flush()
 
 
-async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: float = 150.0,
-                       auto_segment: bool = False, api_key: str | None = None, ssl_ctx=None,
-                       captions: Captions | None = None, open_timeout: float = 10.0,
-                       warn=lambda text: print(text, file=sys.stderr)) -> Summary:
-    """Stream `lines` (one sentence per line, or continuous text with auto_segment) and collect results."""
+# A server going away (stopped, restarted, its replica taken out) or a dropped connection: worth a new
+# connection, which a load balancer sends to a live replica. Refusals come as fatal `error` messages first.
+RECONNECT_CLOSE_CODES = {1001, 1006, 1012}
+
+
+class _ConnectionLost(Exception):
+    """The connection ended without `end` and may be reopened."""
+
+
+async def _open(url: str, headers: dict, ssl_ctx, open_timeout: float):
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    summary = Summary()
+    from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
     try:
-        ws = await connect(url, additional_headers=headers, ssl=ssl_ctx, open_timeout=open_timeout,
-                           max_size=2 ** 22)
+        return await connect(url, additional_headers=headers, ssl=ssl_ctx, open_timeout=open_timeout,
+                             max_size=2 ** 22)
     except InvalidURI as e:
         raise ClientError(f"bad URL {url!r}: {e}", 2) from None
     except InvalidStatus as e:
@@ -120,8 +129,77 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
     except (OSError, TimeoutError, InvalidHandshake) as e:
         raise ClientError(f"cannot reach the server at {url}: {e or type(e).__name__}", 2) from None
 
+
+async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: float = 150.0,
+                       auto_segment: bool = False, api_key: str | None = None, ssl_ctx=None,
+                       captions: Captions | None = None, open_timeout: float = 10.0, reconnect: int = 3,
+                       warn=lambda text: print(text, file=sys.stderr)) -> Summary:
+    """Stream `lines` (one sentence per line, or continuous text with auto_segment) and collect results.
+
+    If the server goes away mid-stream (close code 1001/1012, or the connection drops), the client opens
+    a new connection (up to `reconnect` times in a row) and sends again every sentence not yet translated,
+    from its first word: nothing is lost, and the words of those unfinished sentences are dropped from the
+    summary (their sentences restart). Sentence numbers continue across connections."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    summary = Summary()
+    it = iter(lines)
+    # sent but not yet translated: non-auto, one word list per sentence; auto, one per `words` message
+    # ([] stands for a blank line's end_sentence)
+    pending: list[list[str]] = []
+    failures = 0                              # reconnects in a row without a translated sentence
+    ws = await _open(url, headers, ssl_ctx, open_timeout)
+    while True:
+        before = len(summary.sentences)
+        try:
+            await _one_connection(ws, it, pending, summary, model=model, k=k, delta=delta, wpm=wpm,
+                                  auto_segment=auto_segment, captions=captions, warn=warn)
+            return summary
+        except _ConnectionLost as e:
+            failures = 1 if len(summary.sentences) > before else failures + 1
+            if failures > reconnect:
+                raise ClientError(f"{e}; gave up after {reconnect} reconnects", 5) from None
+            done = len(summary.sentences)
+            summary.words = [w for w in summary.words if w["sentence"] < done]
+            if captions:
+                captions.restart()
+            warn(f"simulserve stream: {e}; reconnecting ({failures}/{reconnect}), "
+                 f"{len(pending)} unfinished {'messages' if auto_segment else 'sentences'} will be sent again")
+        while True:
+            await asyncio.sleep(min(0.25 * 2 ** failures, 4.0))
+            try:
+                ws = await _open(url, headers, ssl_ctx, open_timeout)
+                break
+            except ClientError as e:
+                if failures >= reconnect:
+                    raise
+                failures += 1
+                warn(f"simulserve stream: {e}")
+
+
+def _consume(pending: list[list[str]], msg: dict, auto_segment: bool) -> None:
+    """Drop a translated sentence's words from the front of `pending`."""
+    if not auto_segment:
+        if pending:
+            pending.pop(0)
+        return
+    n = msg["source_words"] + msg.get("unread_words", 0)
+    while pending and n > 0:
+        if len(pending[0]) <= n:
+            n -= len(pending.pop(0))
+        else:
+            pending[0] = pending[0][n:]
+            n = 0
+    while pending and not pending[0]:      # the blank line that ended it
+        pending.pop(0)
+
+
+async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta, wpm, auto_segment, captions,
+                          warn) -> None:
+    """One websocket: send what `pending` holds, then the rest of `it`; return on `end`."""
+    from websockets.exceptions import ConnectionClosed
     budget = asyncio.Condition()
     state = {"sent": 0, "done": 0, "limit": 128}
+    base = len(summary.sentences)            # sentences finished on earlier connections
 
     async def wait_budget(n: int) -> None:
         """As-fast-as-possible mode keeps the server's backlog under half its limit."""
@@ -135,30 +213,36 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
     async def send(msg: dict) -> None:
         await ws.send(json.dumps(msg, ensure_ascii=False))
 
+    async def send_words(words: list[str], gap: float) -> None:
+        if not words:                         # auto_segment: a blank line ends the sentence
+            await send({"type": "end_sentence"})
+            return
+        if gap:
+            for w in words:
+                await send({"type": "words", "words": [w]})
+                state["sent"] += 1
+                await asyncio.sleep(gap)
+        else:
+            await wait_budget(len(words))
+            await send({"type": "words", "words": words})
+            state["sent"] += len(words)
+        if not auto_segment:
+            await send({"type": "end_sentence"})
+
     async def sender() -> None:
         start = {"type": "start", "auto_segment": auto_segment}
         start.update({key: v for key, v in (("model", model), ("k", k), ("delta", delta)) if v is not None})
         await send(start)
         await ready.wait()
+        for words in list(pending):           # a reconnect: the unfinished sentences again, at once
+            await send_words(words, 0.0)
         gap = 60.0 / wpm if wpm > 0 else 0.0
-        it = iter(lines)
         while (line := await asyncio.to_thread(next, it, None)) is not None:  # stdin may be a live pipe
             words = line.split()
-            if not words:
-                if auto_segment:
-                    await send({"type": "end_sentence"})
+            if not words and not auto_segment:
                 continue
-            if gap:
-                for w in words:
-                    await send({"type": "words", "words": [w]})
-                    state["sent"] += 1
-                    await asyncio.sleep(gap)
-            else:
-                await wait_budget(len(words))
-                await send({"type": "words", "words": words})
-                state["sent"] += len(words)
-            if not auto_segment:
-                await send({"type": "end_sentence"})
+            pending.append(words)
+            await send_words(words, gap)
         await send({"type": "end_stream"})
 
     async def receiver() -> None:
@@ -170,11 +254,14 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
                 state["limit"] = max(1, msg["limits"]["max_backlog_words"] // 2)
                 ready.set()
             elif kind == "word":
+                msg["sentence"] += base
                 summary.words.append(msg)
                 if captions:
                     captions.word(msg)
             elif kind == "sentence":
+                msg["sentence"] += base
                 summary.sentences.append(msg)
+                _consume(pending, msg, auto_segment)
                 async with budget:
                     state["done"] += msg["source_words"]
                     budget.notify_all()
@@ -193,8 +280,14 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
                 warn(f"simulserve stream: error {code}: {msg['message']}")
             elif kind == "end":
                 return
-        raise ClientError(f"the server closed the connection (code {ws.close_code} {ws.close_reason or ''})"
-                          .rstrip(), 5)
+        lost()
+
+    def lost() -> None:
+        code = ws.close_code
+        text = f"the server closed the connection (code {code}{' ' + ws.close_reason if ws.close_reason else ''})"
+        if code is None or code in RECONNECT_CLOSE_CODES:
+            raise _ConnectionLost(text)
+        raise ClientError(text, 5)
 
     ready = asyncio.Event()
     tasks = [asyncio.create_task(receiver()), asyncio.create_task(sender())]
@@ -204,14 +297,13 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
             if t.exception() is not None:
                 raise t.exception()
         await tasks[0]
-    except ConnectionClosed as e:
-        raise ClientError(f"the connection was lost ({e})", 5) from None
+    except ConnectionClosed:
+        lost()
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await ws.close()
-    return summary
 
 
 def register(sub) -> None:
@@ -239,6 +331,9 @@ def register(sub) -> None:
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"), help="($SIMULSERVE_API_KEY)")
     p.add_argument("--cafile", help="CA bundle to verify a wss:// server")
     p.add_argument("--insecure", action="store_true", help="do not verify the wss:// certificate")
+    p.add_argument("--reconnect", type=int, default=3, metavar="N",
+                   help="when the server goes away mid-stream, reconnect up to N times in a row and send the "
+                        "unfinished sentences again (default 3; 0 = never)")
     p.add_argument("--json", action="store_true", help="print each sentence result as a JSON line")
     p.add_argument("--no-stats", action="store_true", help="print translations only")
     p.add_argument("--no-live", action="store_true", help="no live caption line, even on a terminal")
@@ -257,7 +352,7 @@ def run(args) -> int:
         with src:
             summary = asyncio.run(stream_lines(
                 url, (line for line in src), model=args.model, k=args.k, delta=args.delta, wpm=args.wpm,
-                auto_segment=args.auto_segment, api_key=args.api_key,
+                auto_segment=args.auto_segment, api_key=args.api_key, reconnect=args.reconnect,
                 ssl_ctx=ssl_context(url, args.cafile, args.insecure), captions=captions))
     except ClientError as e:
         if captions.live and captions.current:

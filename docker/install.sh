@@ -13,6 +13,9 @@
 #                       [TORCH_INDEX; default: pip's configured indexes]
 #   --extras LIST       project extras, e.g. eval [SIMULSERVE_EXTRAS]
 #   --python EXE        interpreter for a new venv [PYTHON, default python3]
+#   --dry-run           check the options and say what would be installed, install nothing
+#   --deps-only         torch and the project's dependencies only, not the project: the images run this
+#                       from pyproject.toml alone, so a code change does not reinstall them (layer cache)
 #
 # torch is installed on its own, pinned, before the project: the project asks for a range, and
 # a range resolved by pip on its own takes a multi-GB CUDA build. The last step checks that the
@@ -25,6 +28,8 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 TORCH_INDEX="${TORCH_INDEX:-}"
 EXTRAS="${SIMULSERVE_EXTRAS:-}"
 PYTHON="${PYTHON:-python3}"
+DEPS_ONLY=0
+DRY_RUN=0
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "install.sh: $1 needs a value" >&2; exit 2; }; }
@@ -37,6 +42,8 @@ while [ $# -gt 0 ]; do
     --torch-index) need "$@"; TORCH_INDEX="$2"; shift 2 ;;
     --extras) need "$@"; EXTRAS="$2"; shift 2 ;;
     --python) need "$@"; PYTHON="$2"; shift 2 ;;
+    --deps-only) DEPS_ONLY=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -49,6 +56,12 @@ case "$TORCH_SPEC" in
 esac
 
 step() { echo "install.sh: $*" >&2; }
+if [ "$DRY_RUN" = 1 ]; then
+  echo "install.sh: would install $TORCH_SPEC${TORCH_INDEX:+ from $TORCH_INDEX}, then" \
+       "$([ "$DEPS_ONLY" = 1 ] && echo "the dependencies of" || echo "the project") $SRC" \
+       "${EXTRAS:+(extras: $EXTRAS) }into $VENV"
+  exit 0
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   step "creating the virtual environment $VENV"
   "$PYTHON" -m venv "$VENV"
@@ -63,6 +76,20 @@ if [ -n "$TORCH_INDEX" ]; then
   "${PIP[@]}" --index-url "$TORCH_INDEX" "$TORCH_SPEC"
 else
   "${PIP[@]}" "$TORCH_SPEC"
+fi
+
+if [ "$DEPS_ONLY" = 1 ]; then
+  step "installing the dependencies named in $SRC/pyproject.toml${EXTRAS:+ (extras: $EXTRAS)}"
+  "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$VENV/torch-constraint.txt"
+  "$PY" - "$SRC/pyproject.toml" "$EXTRAS" > "$VENV/project-requirements.txt" <<'EOF'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+extras = [e for e in sys.argv[2].split(",") if e]
+print("\n".join(project.get("dependencies", []) + [r for e in extras for r in project["optional-dependencies"][e]]))
+EOF
+  "${PIP[@]}" --constraint "$VENV/torch-constraint.txt" -r "$VENV/project-requirements.txt"
+  rm -f "$VENV/torch-constraint.txt" "$VENV/project-requirements.txt"
+  exit 0
 fi
 
 # Build from a staged copy of exactly what the image gets (PARTS): the source tree stays clean

@@ -1,11 +1,13 @@
-"""The docker deployment, checked without a Docker engine (none runs here, and base images can't be pulled).
+"""The docker deployment's files, checked without an engine (tests/test_container.py builds and runs them).
 
 - docker/install.sh (the images' install steps) installs a working `simulserve` into a fresh venv;
 - the Dockerfiles run as a non-root user, expose the port, pin torch, copy code and checkpoints but no
   tests or data, and every SIMULSERVE_* variable they set is a real server setting;
 - .dockerignore keeps tests, data and runs out of the build context;
+- the Dockerfiles' install steps, run with the ARG defaults, pass install.sh's option checks (an empty
+  TORCH_INDEX once made every default build fail);
 - the compose files pass `docker compose config` where the compose plugin exists, and in any case have
-  the expected services, health checks and nginx wiring (websocket upgrade, sticky upstream).
+  the expected services, health checks and nginx wiring (websocket upgrade, streams spread by open connections).
 """
 from __future__ import annotations
 
@@ -77,7 +79,9 @@ def copy_sources(ins) -> list[str]:
 def test_dockerfile_runs_as_non_root_and_ships_no_tests_or_data(dockerfile):
     ins = instructions(dockerfile)
     stage = final_stage(ins)
-    assert all(re.match(r"python:\S*-slim\b", a) for w, a in ins if w == "FROM"), "slim Python bases"
+    bases = [a.split()[0] for w, a in ins if w == "FROM"]
+    assert all(re.match(r"python:\S*-slim\b", b) or b == "scratch" for b in bases), "slim Python bases"
+    assert re.match(r"python:\S*-slim\b", final_stage(ins)[0][1])
 
     users = [a for w, a in stage if w == "USER"]
     assert users, "the final stage sets USER"
@@ -99,6 +103,32 @@ def test_dockerfile_runs_as_non_root_and_ships_no_tests_or_data(dockerfile):
         assert src not in (".", "./", "*") and top not in NEVER_IN_IMAGE, f"COPY {src} brings tests/data"
         assert (ROOT / src).exists(), f"COPY {src}: no such path"
         assert in_build_context(src), f"COPY {src}, but .dockerignore excludes it"
+
+
+def arg_defaults(ins) -> dict[str, str]:
+    out = {}
+    for word, args in ins:
+        if word == "ARG":
+            key, _, value = args.partition("=")
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("torch_index", ["", "file:///some/wheel/index"], ids=["default", "index"])
+def test_dockerfile_install_steps_accept_the_build_args(dockerfile, torch_index):
+    """Each RUN of install.sh, as the Dockerfile writes it, with the ARG defaults (and with a TORCH_INDEX)."""
+    ins = instructions(dockerfile)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}, **arg_defaults(ins),
+           "TORCH_INDEX": torch_index}
+    runs = [a.split("&&")[0].strip() for w, a in ins if w == "RUN" and "docker/install.sh" in a]
+    assert len(runs) == 2, "dependencies first, then the project"
+    for cmd in runs:
+        r = subprocess.run(["sh", "-c", cmd + " --dry-run"], capture_output=True, text=True, cwd=ROOT, env=env)
+        assert r.returncode == 0, f"{cmd}: {r.stderr}"
+        assert f"would install {TORCH}" in r.stdout
+        assert (f"from {torch_index}" in r.stdout) == bool(torch_index)
+    assert "--deps-only" in runs[0] and "--deps-only" not in runs[1]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -190,10 +220,13 @@ def test_compose_files_have_the_services_and_health_checks():
     assert any(str(p).endswith(f":{listen}") for p in nginx["ports"])
 
 
-def test_nginx_upgrades_websockets_and_keeps_a_client_on_one_replica():
+def test_nginx_upgrades_websockets_and_spreads_streams_over_replicas():
     conf = re.sub(r"#.*", "", (DOCKER / "nginx.conf").read_text())
     upstream = re.search(r"upstream\s+(\w+)\s*{([^}]*)}", conf)
-    assert upstream and re.search(r"\b(ip_hash|hash\s+\$remote_addr)", upstream.group(2)), "sticky upstream"
+    # a websocket stays on its replica anyway; hashing the client address would put every stream from
+    # one host (or one NAT) on one replica
+    assert upstream and re.search(r"\bleast_conn\s*;", upstream.group(2)), "new streams to the least busy replica"
+    assert re.search(r"\bzone\s+\w+\s+\d+k\s*;", upstream.group(2)), "counts shared by the workers"
     assert re.search(r"server\s+simulserve:8000\b", upstream.group(2)), "the replicas' service name and port"
     stream = re.search(r"location\s+/v1/stream\s*{([^}]*)}", conf).group(1)
     assert f"proxy_pass http://{upstream.group(1)}" in stream
@@ -227,21 +260,22 @@ def test_docker_compose_config_accepts_the_files(compose):
 def test_install_script_installs_a_working_simulserve_into_a_fresh_venv(tmp_path):
     venv = tmp_path / "venv"
     t0 = time.monotonic()
+    # a clean environment for every call: PYTHONPATH pointing at a checkout would hide the installed package
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     r = subprocess.run(["bash", str(DOCKER / "install.sh"), "--venv", str(venv), "--torch", TORCH],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=1800,
-                       env={k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")})
+                       capture_output=True, text=True, cwd=tmp_path, timeout=1800, env=env)
     print(f"install.sh took {time.monotonic() - t0:.0f} s")
     assert r.returncode == 0, r.stderr[-4000:]
     assert "install.sh: ok" in r.stderr
-    out = subprocess.run([str(venv / "bin" / "simulserve"), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run([str(venv / "bin" / "simulserve"), "--help"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0 and "serve" in out.stdout
     serve = subprocess.run([str(venv / "bin" / "simulserve"), "serve", "--help"], capture_output=True, text=True,
-                           cwd=tmp_path)
+                           cwd=tmp_path, env=env)
     assert serve.returncode == 0 and "--api-key" in serve.stdout
     torch = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
-                           capture_output=True, text=True, cwd=tmp_path)
+                           capture_output=True, text=True, cwd=tmp_path, env=env)
     assert torch.stdout.startswith(TORCH.split("==")[1])
     # a fresh venv only: the project is not importable from the repository by accident
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import server; print(server.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path)
+                           capture_output=True, text=True, cwd=tmp_path, env=env)
     assert str(venv) in where.stdout, where.stdout

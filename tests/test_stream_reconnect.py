@@ -1,0 +1,94 @@
+"""`simulserve stream` when the server goes away mid-stream: it reconnects and loses nothing.
+
+A real server (uvicorn, tiny trained models) is stopped while a paced stream runs; its websockets get
+close code 1012 (service restart). A new server comes up on the same port (as a restarted container, or
+nginx's other replica, would answer) and the client, on its own, reconnects, sends the unfinished
+sentences again and finishes: every sentence translated once, as `simulate` translates it alone.
+tests/test_container.py runs the same through nginx with two container replicas.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from clients.stream import ClientError, _consume, stream_lines
+from models.data.synthetic import make_pairs
+from test_server import LiveServer, make_reference
+
+
+class PortServer(LiveServer):
+    """LiveServer on a chosen port, so that a second one can take over the first one's address."""
+
+    def __init__(self, port: int, **settings):
+        super().__init__(**settings)
+        self.sock.close()
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.port = port
+        self.http = f"http://127.0.0.1:{port}"
+        self.url = f"ws://127.0.0.1:{port}/v1/stream"
+
+
+@pytest.mark.slow
+def test_stream_reconnects_after_the_server_restarts(trained):
+    reference = make_reference(trained)
+    models = {p: str(path) for p, path in trained.items()}
+    lines = [s for s, _ in make_pairs(6, min_len=4, max_len=8, seed=77)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    first = PortServer(port, models=models).__enter__()
+    second = None
+    notes: list[str] = []
+
+    def restart():
+        nonlocal second
+        time.sleep(1.0)                      # mid-stream: a few sentences in
+        first.__exit__(None, None, None)
+        second = PortServer(port, models=models).__enter__()
+
+    t = threading.Thread(target=restart)
+    t.start()
+    try:
+        summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, warn=notes.append))
+    finally:
+        t.join(60)
+        for srv in (first, second):
+            if srv is not None:
+                srv.__exit__(None, None, None)
+    reconnects = [n for n in notes if "reconnecting" in n]
+    assert len(reconnects) == 1 and "code 1012" in reconnects[0], notes
+    assert 0 < len(summary.sentences) and [s["sentence"] for s in summary.sentences] == list(range(len(lines)))
+    assert [s["translation"] for s in summary.sentences] == \
+        [reference("waitk", {"k": 2}, line).prediction for line in lines]
+    for i, sentence in enumerate(summary.sentences):    # no word of a restarted sentence shown twice
+        assert " ".join(w["text"] for w in summary.words if w["sentence"] == i) == sentence["translation"]
+
+
+@pytest.mark.slow
+def test_stream_gives_up_when_nobody_answers_again(trained):
+    models = {p: str(path) for p, path in trained.items()}
+    lines = [s for s, _ in make_pairs(4, min_len=4, max_len=8, seed=78)]
+    srv = LiveServer(models=models).__enter__()
+    notes: list[str] = []
+    threading.Timer(0.8, srv.__exit__, (None, None, None)).start()
+    with pytest.raises(ClientError) as e:
+        asyncio.run(stream_lines(srv.url, lines, model="waitk", k=2, wpm=300, reconnect=1, warn=notes.append))
+    assert e.value.exit_code == 2 and "cannot reach" in str(e.value)
+    assert any("reconnecting (1/1)" in n for n in notes), notes
+
+
+def test_auto_segment_pending_words_drop_what_a_sentence_consumed():
+    pending = [["a", "b."], ["c", "d"], [], ["e."]]
+    _consume(pending, {"source_words": 2, "unread_words": 0}, auto_segment=True)
+    assert pending == [["c", "d"], [], ["e."]]
+    _consume(pending, {"source_words": 1, "unread_words": 1}, auto_segment=True)   # ended by the blank line
+    assert pending == [["e."]]
+    lines = [["x"], ["y"]]
+    _consume(lines, {"source_words": 5, "unread_words": 0}, auto_segment=False)
+    assert lines == [["y"]]
