@@ -17,6 +17,7 @@ from models.training.train import (TrainConfig, Trainer, calibration_backward, c
                                    is_mask_parameter)
 from models.transformer import Transformer
 from models.translate import simulate
+from test_streaming_equivalence import teacher_forced
 
 SENTENCES = [src for src, _ in make_pairs(10, min_len=1, max_len=9, seed=7)]
 VARIANTS = {
@@ -319,14 +320,6 @@ def test_calibration_trains_with_the_anneal_schedule_and_resumes(word_tok, tmp_p
 
 
 # ---- streaming ------------------------------------------------------------------------------
-def teacher_forced(dec, state):
-    src = torch.tensor([state.source_tokens + [dec.cfg.eos_id]])
-    tgt_in = torch.tensor([[dec.cfg.bos_id] + state.target_tokens[:-1]])
-    k = torch.tensor([state.policy.k]) if state.policy.k else None
-    delta = torch.tensor([state.policy.delta]) if state.policy.delta is not None else None
-    with torch.no_grad():
-        enc = dec.model.encode(src, torch.tensor([src.shape[1]]))
-        return dec.model.decode(tgt_in, enc, torch.tensor([src.shape[1]]), k, delta, return_attention=True)
 
 
 def variant_decoder(tok, name, policy, seed=3):

@@ -8,7 +8,6 @@ Chromium (skipped, with the reason, where Chromium or Playwright is missing).
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -19,13 +18,11 @@ import pytest
 from conftest import decoder_from
 from models.data.synthetic import make_pairs
 from models.translate import simulate
+from test_browser import browser  # noqa: F401  (the fixture: headless Chromium)
 from test_server import LiveServer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
-CHROMIUM = os.environ.get("SIMULSERVE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-gpu",
-                 "--no-first-run", "--disable-sync", "--disable-quic"]
 SENTENCE = make_pairs(1, min_len=6, max_len=6, seed=31)[0][0]
 
 
@@ -66,21 +63,6 @@ def test_python_client_reports_errors(server):
     assert len(out.stdout.splitlines()) <= 2  # at most the words of the two accepted source words
 
 
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import Error, sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (pip install -e '.[test]')")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM}: run `bash docker/install-browser.sh` (Debian's chromium)")
-    with sync_playwright() as pw:
-        try:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        except Error as e:
-            pytest.skip(f"Chromium at {CHROMIUM} does not start: {str(e).splitlines()[0]}")
-        yield browser
-        browser.close()
 
 
 @pytest.mark.browser
