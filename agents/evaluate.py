@@ -292,7 +292,7 @@ def format_table(rows: list[dict], use_ref_len: bool) -> str:
 
 
 def markdown_tables(rows: list[dict], sets: list[dict]) -> str:
-    """The same figures as format_table, as one markdown table per test set (the README's)."""
+    """The same figures as format_table, as one markdown table per test set (docs/results.md)."""
     paper = ("AL", "AP", "DAL", "CW")
     sizes = {s["name"]: s["sentences"] for s in sets}
     out = []

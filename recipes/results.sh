@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The README's De→En results: the shipped checkpoints on the three test sets, the BLEU–AL plots
+# The De→En results of docs/results.md: the shipped checkpoints on the three test sets, the BLEU–AL plots
 # and one GMA alignment picture.
 #
 #   bash recipes/results.sh [OUT]        # default OUT=docs/results; LIMIT=N sentences per test set
-#                                        # (default: all 1,851; ~35 min measured in parts, see README)
+#                                        # (default: all 1,851; ~35 min measured in parts, see docs/results.md)
 #
 # Needs `simulserve prepare-data --out data/de-en` first (the test sets) and the shipped models.
 set -euo pipefail

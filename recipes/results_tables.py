@@ -1,4 +1,4 @@
-"""The README's result tables (markdown), one per test set, from an `evaluate` results.json.
+"""The result tables of docs/results.md (markdown), one per test set, from an `evaluate` results.json.
 
     python recipes/results_tables.py docs/results/results.json
 

@@ -40,7 +40,7 @@ class ServerSettings(BaseSettings):
     max_batch: int = Field(256, ge=1, description="most streams in one batched step")
     continuations: int = Field(0, ge=0, le=64, description="extra steps in one job for streams that sent "
                                                            "nothing to their client yet (0: one step per job; "
-                                                           "measured worse on CPU, see README)")
+                                                           "measured worse on CPU, see CHANGELOG.md)")
     no_batching: Annotated[list[str], NoDecode] = Field(default_factory=list,
                                                         description="models stepped one stream at a time")
     warmup: bool = Field(True, description="run one tiny sentence through each model before serving")

@@ -8,7 +8,7 @@ Notation: ``delays[i]`` (d_{i+1} in the papers) is the number of source units
 read when target unit i+1 was written; ``source_len`` is |x|; the "target
 length" |y| sets the rate γ = |y| / |x|.
 
-Two conventions (docs: "Latency metrics" in the README):
+Two conventions (docs/evaluation.md):
 
 1. SimulEval 1.1.4 -- :func:`sentence_scores`. Units are whitespace words, no
    EOS. AL and AP take |y| from the reference when one is given (SimulEval's
