@@ -271,10 +271,11 @@ class StreamingDecoder:
                 # EOS before the source has ended is a READ (the reference agents' rule): a
                 # translation ends with its sentence, not while the speaker is still talking
                 read[r], need[r] = True, s.available + 1
-        keep = torch.tensor([not r for r in read], device=dev)  # only WRITEs keep their decoder keys
+        # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
+        # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
         for layer, (kk, vv) in enumerate(new_kv):
-            self.pool.write("dec_k", layer, slots[keep], t[keep], kk[keep, :, 0])
-            self.pool.write("dec_v", layer, slots[keep], t[keep], vv[keep, :, 0])
+            self.pool.write("dec_k", layer, slots, t, kk[:, :, 0])
+            self.pool.write("dec_v", layer, slots, t, vv[:, :, 0])
         outs = []
         sums = info["running"].tolist() if "running" in info else None  # one conversion, not one per stream
         for r, s in enumerate(states):
