@@ -134,6 +134,16 @@ def data_dir_sets(data: Path, splits: list[str], names: list[str] | None,
     return found
 
 
+def display_path(path: Path) -> str:
+    """A checkpoint path for results files: relative to the working directory when inside it, so
+    committed results name no machine's directories."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def model_name(path: Path) -> str:
     path = path.resolve()
     return path.parent.name if path.name == "checkpoint" and path.parent.name else path.name
@@ -446,7 +456,7 @@ def run(args) -> int:
                                            not args.no_use_ref_len)
                     rows.append({"set": ts.name, "label": m.label, "model": m.name, "policy": m.policy,
                                  "setting": text, "k": setting.get("k"), "delta": setting.get("delta"),
-                                 "beam": setting.get("beam"), "checkpoint": str(m.path), **scores})
+                                 "beam": setting.get("beam"), "checkpoint": display_path(m.path), **scores})
                     detail = out / "outputs" / ts.name / f"{m.name}.{text.replace(' ', '_')}.jsonl"
                     detail.parent.mkdir(parents=True, exist_ok=True)
                     with open(detail, "w", encoding="utf-8") as f:

@@ -50,7 +50,7 @@ def evaluate(runs, data: Path, sets: list[str], limit: int) -> list[dict]:
     import torch
     from tqdm import tqdm
 
-    from agents.evaluate import data_dir_sets, read_test_set, score_results
+    from agents.evaluate import data_dir_sets, display_path, read_test_set, score_results
     from models.checkpoint import load_checkpoint
     from models.step import StreamingDecoder
     from models.translate import simulate
@@ -67,7 +67,7 @@ def evaluate(runs, data: Path, sets: list[str], limit: int) -> list[dict]:
                 bar.set_description(f"{label} {steps} {ts.name}")
                 scores = score_results(simulate(decoder, ts.sources, batch_size=32, progress=bar, **kw),
                                        ts.references)
-                rows.append({"label": label, "updates": steps, "set": ts.name, "checkpoint": str(ckpt),
+                rows.append({"label": label, "updates": steps, "set": ts.name, "checkpoint": display_path(ckpt),
                              "BLEU": round(scores["BLEU"], 2), "AL": round(scores["simuleval"]["AL"], 3),
                              "sentences": scores["sentences"], **kw})
     return rows
