@@ -18,7 +18,7 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
               for _ in range(cfg.decoder_layers)]
     masks = [mk.expand(beam, -1, -1, -1) for mk in decoder.pool.gather("cross_mk", slot, s.available)] or None
     contexts = (torch.zeros(beam, cfg.decoder_layers, cfg.d_model, device=dev)
-                if cfg.variant.kind == "sact" else None)  # SACT's c̃ per hypothesis
+                if cfg.variant.carries_context else None)  # SACT's c̃ / interleaved x_{t−1} per hypothesis
     avail = torch.full((beam,), s.available, device=dev)
     finished = torch.ones(beam, dtype=torch.bool, device=dev)
     hyps = [[] for _ in range(beam)]

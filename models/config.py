@@ -37,7 +37,9 @@ class VariantConfig:
     sact: softmax temperature τ = λ^tanh(·) per step and layer (Lin et al. 2018).
     phrase: keys (convkv: and values) convolved over n consecutive source positions
       (Nguyen & Joty); homogeneous = head h uses n-grams of size 1 + h mod n, heterogeneous =
-      every head attends to all sizes 1..n jointly.
+      every head attends to all sizes 1..n jointly, interleaved = unigram and bigram queries
+      each attend to the heterogeneous unigram/bigram entries, their contexts combined by a
+      stride-2 convolution (n = 2 only; the query of the previous target position is carried).
     calibration: a learned mask m recalibrates the attention (Lu et al. 2021).
     """
     kind: str = "none"
@@ -47,7 +49,7 @@ class VariantConfig:
     sact_lambda: float = 4.0
     phrase_mode: str = "convkv"        # convkv | queryk
     phrase_n: int = 2
-    phrase_structure: str = "homogeneous"  # homogeneous | heterogeneous
+    phrase_structure: str = "homogeneous"  # homogeneous | heterogeneous | interleaved
     calibration_mode: str = "anneal"   # fixed | anneal | gate
     calibration_alpha: float = 0.01    # α_c of L_m (not given in the paper)
     calibration_anneal_steps: float = 1e5  # γ(s) = exp(-s / this); the paper: 10^5
@@ -66,6 +68,12 @@ class VariantConfig:
             raise ConfigError(f"unknown variant fields: {unknown}")
         return cls(**v)
 
+    @property
+    def carries_context(self) -> bool:
+        """Whether a decoder step needs a per-layer vector from the stream's last written step:
+        SACT's context c̃_{t−1}, or the interleaved phrase structure's input x_{t−1} (its bigram query)."""
+        return self.kind == "sact" or (self.kind == "phrase" and self.phrase_structure == "interleaved")
+
     def __post_init__(self):
         if self.kind not in VARIANT_KINDS:
             raise ConfigError(f"variant.kind must be one of {VARIANT_KINDS}, got {self.kind!r}")
@@ -76,12 +84,12 @@ class VariantConfig:
         _number("phrase_n", self.phrase_n, 1, 8, integer=True)
         if self.phrase_mode not in ("convkv", "queryk"):
             raise ConfigError(f"variant.phrase_mode must be convkv or queryk, got {self.phrase_mode!r}")
-        if self.phrase_structure == "interleaved":
-            raise ConfigError("variant.phrase_structure 'interleaved' is not built in this project "
-                              "(use homogeneous or heterogeneous)")
-        if self.phrase_structure not in ("homogeneous", "heterogeneous"):
-            raise ConfigError("variant.phrase_structure must be homogeneous or heterogeneous, "
+        if self.phrase_structure not in ("homogeneous", "heterogeneous", "interleaved"):
+            raise ConfigError("variant.phrase_structure must be homogeneous, heterogeneous or interleaved, "
                               f"got {self.phrase_structure!r}")
+        if self.kind == "phrase" and self.phrase_structure == "interleaved" and self.phrase_n != 2:
+            raise ConfigError("variant.phrase_structure 'interleaved' combines unigrams and bigrams: "
+                              f"phrase_n must be 2, got {self.phrase_n}")
         if self.calibration_mode not in ("fixed", "anneal", "gate"):
             raise ConfigError(f"variant.calibration_mode must be fixed, anneal or gate, got {self.calibration_mode!r}")
         _number("calibration_alpha", self.calibration_alpha, 0)

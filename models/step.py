@@ -253,8 +253,8 @@ class StreamingDecoder:
         mask_caches = contexts = None
         if cfg.variant.kind == "calibration":
             mask_caches = self.pool.gather("cross_mk", slots, int(avail.max()))
-        elif cfg.variant.kind == "sact":
-            contexts = torch.stack([self._sact_context(s) for s in states])
+        elif cfg.variant.carries_context:
+            contexts = torch.stack([self._carried_context(s) for s in states])
         hidden, new_kv, info = self.net.decode_step(
             prev, t, self.pool.gather_kv("dec", slots, int(t.max())),
             self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running,
@@ -286,7 +286,7 @@ class StreamingDecoder:
             if sums is not None:
                 s.gma_running = sums[r]
             if "context" in info:  # SACT: only a written step moves c̃ on
-                s.sact_context = info["context"][r]
+                s.carried_context = info["context"][r]
             if s.record is not None:
                 s.record.append({"n": info["n"][r].tolist(),
                                  "p": info["p"][r].tolist() if "p" in info else None,
@@ -294,11 +294,11 @@ class StreamingDecoder:
             outs.append(self._write(s, tokens[r]))
         return outs
 
-    def _sact_context(self, s: StreamState) -> torch.Tensor:
-        if s.sact_context is None:  # c̃ before the first target step: zeros
-            s.sact_context = torch.zeros(self.cfg.decoder_layers, self.cfg.d_model, device=self.device,
+    def _carried_context(self, s: StreamState) -> torch.Tensor:
+        if s.carried_context is None:  # c̃ before the first target step: zeros
+            s.carried_context = torch.zeros(self.cfg.decoder_layers, self.cfg.d_model, device=self.device,
                                          dtype=self.dtype)
-        return s.sact_context
+        return s.carried_context
 
     def _write(self, s: StreamState, token: int) -> StepOutput:
         """Commit one target token; release the words it completes."""

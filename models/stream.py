@@ -53,7 +53,7 @@ class StreamState:
     target_tokens: list[int] = field(default_factory=list)
     token_delays: list[int] = field(default_factory=list)   # per target token, source positions read
     gma_running: list[float] | None = None                   # per decoder layer, unclamped Σ Δp
-    sact_context: object = None        # SACT: per decoder layer c̃ of the last written step, tensor (L, d)
+    carried_context: object = None     # per decoder layer, from the last written step (L, d): SACT c̃, interleaved x
     pending: list[int] = field(default_factory=list)         # pieces of the word being written
     words: list[TargetWord] = field(default_factory=list)    # released target words
     queue: list[int] = field(default_factory=list)           # tokens decided ahead (beam search)

@@ -126,7 +126,15 @@ class DecoderLayer(nn.Module):
                 reweight = lambda a: CalibrationMask.perturb(a, m, allowed)  # noqa: E731
             else:
                 reweight = lambda a: self.calib.combine(a, m, q)  # noqa: E731
-        if self.sact is None:
+        if self.phrase is not None and self.phrase.structure == "interleaved":
+            # the bigram query of row i needs row i − 1's input: the carried one (streaming) for row 0
+            prev = torch.zeros_like(x[:, :1]) if prev_context is None else prev_context.to(x.dtype).unsqueeze(1)
+            q2 = self.phrase.bigram_queries(q, attn.query(torch.cat([prev, x[:, :-1]], 1)))
+            _, w, c1 = attn.attend_variant(q, k, v, allowed, prior, reweight=reweight)
+            _, _, c2 = attn.attend_variant(q2, k, v, allowed, prior, reweight=reweight)
+            h = attn.out_proj(self.phrase.mix_contexts(c1, c2))
+            extras["context"] = x[:, -1]
+        elif self.sact is None:
             h, w, _ = attn.attend_variant(q, k, v, allowed, prior, reweight=reweight)
         else:
             # τ_t depends on the context at t − 1: the logits are parallel, the softmax runs row by row
@@ -255,7 +263,7 @@ class Transformer(nn.Module):
             return {"src_len": src_len}
         if kind == "calibration":
             return {"mask_keys": mask_keys[li], "perturbed": perturbed}
-        if kind == "sact":
+        if self.cfg.variant.carries_context:  # SACT's c̃_{t−1}, interleaved phrases' x_{t−1}
             return {"prev_context": None if contexts is None else contexts[:, li]}
         return {}
 

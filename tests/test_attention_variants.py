@@ -27,6 +27,8 @@ VARIANTS = {
     "phrase_queryk_het": {"kind": "phrase", "phrase_mode": "queryk", "phrase_n": 3,
                           "phrase_structure": "heterogeneous"},
     "phrase_convkv_het": {"kind": "phrase", "phrase_n": 2, "phrase_structure": "heterogeneous"},
+    "phrase_queryk_int": {"kind": "phrase", "phrase_mode": "queryk", "phrase_n": 2,
+                          "phrase_structure": "interleaved"},
     "calib_anneal": {"kind": "calibration", "calibration_mode": "anneal"},
     "calib_gate": {"kind": "calibration", "calibration_mode": "gate"},
     "calib_fixed": {"kind": "calibration", "calibration_mode": "fixed"},
@@ -79,7 +81,8 @@ def variant_model(tok, policy, variant, seed=0, identity=False, **over):
     ({"kind": "phrase", "phrase_n": 0}, "standard", "phrase_n"),
     ({"kind": "phrase", "phrase_n": 2.5}, "standard", "phrase_n"),
     ({"kind": "phrase", "phrase_mode": "conv"}, "standard", "phrase_mode"),
-    ({"kind": "phrase", "phrase_structure": "interleaved"}, "standard", "not built"),
+    ({"kind": "phrase", "phrase_structure": "interleaved", "phrase_n": 3}, "standard", "phrase_n must be 2"),
+    ({"kind": "phrase", "phrase_structure": "interleave"}, "standard", "phrase_structure"),
     ({"kind": "calibration", "calibration_mode": "soft"}, "standard", "calibration_mode"),
     ({"kind": "calibration", "calibration_alpha": -1}, "standard", "calibration_alpha"),
     ({"kind": "calibration", "calibration_anneal_steps": 0}, "standard", "calibration_anneal_steps"),
@@ -143,9 +146,10 @@ def to_identity(model, name):
                 layer.calib.update_step.fill_(12345.0)
 
 
-# fixed calibration has no identity (α + 0.1·a^c); heterogeneous phrases have theirs at n = 1 only
-# (identity taps still give each position several entries), tested below
-@pytest.mark.parametrize("name, policy", [c for c in COMBOS if c[0] != "calib_fixed" and "het" not in c[0]])
+# fixed calibration has no identity (α + 0.1·a^c); heterogeneous and interleaved phrases have theirs
+# at n = 1 only (identity taps still give each position several entries), tested below
+@pytest.mark.parametrize("name, policy", [c for c in COMBOS if c[0] != "calib_fixed"
+                                          and "het" not in c[0] and "int" not in c[0]])
 def test_identity_setting_reproduces_standard_attention(name, policy, word_tok):
     base, model = variant_model(word_tok, policy, VARIANTS[name])
     src, src_len, tgt, k, delta = inputs(word_tok, policy)
@@ -319,6 +323,30 @@ def test_calibration_trains_with_the_anneal_schedule_and_resumes(word_tok, tmp_p
     assert float(calib.update_step) == 6 and calib.gamma() == pytest.approx(torch.tensor(-1.5).exp().item())
 
 
+def test_interleaved_starts_as_heterogeneous_and_its_bigram_query_looks_back(word_tok):
+    """At its initial query taps and mix (unigram query only, c1 passed through) the interleaved
+    structure is the heterogeneous one with the same key taps; moving the bigram weights changes
+    row i only through row i − 1's input, so row 0 depends on nothing earlier."""
+    het_cfg = dict(VARIANTS["phrase_queryk_int"], phrase_structure="heterogeneous")
+    _, het = variant_model(word_tok, "gma", het_cfg)
+    _, inter = variant_model(word_tok, "gma", VARIANTS["phrase_queryk_int"], identity=True)
+    missing = inter.load_state_dict(het.state_dict(), strict=False)
+    assert sorted({k.rsplit(".", 1)[1] for k in missing.missing_keys}) == ["mix", "query_taps"]
+    src, src_len, tgt, k, delta = inputs(word_tok, "gma")
+    with torch.no_grad():
+        torch.testing.assert_close(inter(src, src_len, tgt, k, delta), het(src, src_len, tgt, k, delta))
+        before = inter(src, src_len, tgt, k, delta)
+        for layer in inter.decoder:
+            layer.phrase.query_taps[1].normal_(0, 0.3)
+            layer.phrase.mix[1].normal_(0, 0.3)
+        after = inter(src, src_len, tgt, k, delta)
+        changed = tgt.clone()
+        changed[:, 2] = (changed[:, 2] + 1 - 4) % (word_tok.vocab_size - 4) + 4  # a later input token
+        moved = inter(src, src_len, changed, k, delta)
+    assert not torch.allclose(after, before, atol=1e-4)
+    torch.testing.assert_close(moved[:, :2], after[:, :2])  # causal: rows before the change agree
+
+
 # ---- streaming ------------------------------------------------------------------------------
 
 
@@ -348,9 +376,9 @@ def test_streaming_equals_full_computation_and_batching(name, policy, word_tok):
                 torch.testing.assert_close(streamed, full, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["sact", "calib_gate", "phrase_convkv"])
+@pytest.mark.parametrize("name", ["sact", "calib_gate", "phrase_convkv", "phrase_queryk_int"])
 def test_beam_search_of_one_equals_greedy(name, word_tok):
-    """Beam search carries SACT's c̃ and calibration's mask keys per hypothesis: with one beam it
+    """Beam search carries SACT's c̃, the interleaved x_{t−1} and calibration's mask keys per hypothesis: with one beam it
     is greedy decoding; with three it runs."""
     from models.beam import beam_search
     dec = variant_decoder(word_tok, name, "offline")

@@ -9,7 +9,10 @@ logit_ij = Σ_r q^(r)·k_{j−r} / √n; since q U_r · k = q · (k U_rᵀ), tha
 of the keys alone (values unchanged), which is how it is computed (no extra state).
 Structures: homogeneous = head h uses n-grams of size 1 + h mod n; heterogeneous = each
 head attends to the entries of every size 1..n jointly (one softmax over n·S entries,
-windows that would reach before the first source token masked: 2S − 1 entries for n = 2).
+windows that would reach before the first source token masked: 2S − 1 entries for n = 2);
+interleaved (n = 2) = the heterogeneous entries attended by a unigram query q_i and a bigram
+query q_i U_0 + q_{i−1} U_1, whose two contexts, interleaved, pass a window-2 stride-2
+convolution (= c1 M_0 + c2 M_1): the decoder's causal form in the paper, with q_{−1} = 0.
 Weights start at the identity (tap 0 = I, others 0), i.e. standard attention.
 """
 from __future__ import annotations
@@ -47,6 +50,15 @@ class PhraseProjection(nn.Module):
             wv = torch.zeros(n_kernels, n, n_heads, head_dim, head_dim)
             wv[:, 0] = eye
             self.value_taps = nn.Parameter(wv)
+        self.query_taps = self.mix = None
+        if structure == "interleaved":
+            wq = torch.zeros(2, n_heads, head_dim, head_dim)
+            wq[0] = eye
+            self.query_taps = nn.Parameter(wq)
+            d = n_heads * head_dim
+            mix = torch.zeros(2, d, d)
+            mix[0] = torch.eye(d)
+            self.mix = nn.Parameter(mix)
 
     def _conv(self, x: torch.Tensor, taps: torch.Tensor, size) -> torch.Tensor:
         """Σ_{r < size} x_{j−r} W_r per head; size an int or per-head sizes (H,)."""
@@ -76,6 +88,15 @@ class PhraseProjection(nn.Module):
             vs.append(self._conv(v, self.value_taps[m - 1], m) if self.value_taps is not None else v)
             masks.append(allowed & (j >= m - 1).view(1, 1, -1))
         return torch.cat(ks, 2).to(k.dtype), torch.cat(vs, 2).to(v.dtype), torch.cat(masks, -1)
+
+    def bigram_queries(self, q: torch.Tensor, q_prev: torch.Tensor) -> torch.Tensor:
+        """Interleaved: q, q_prev (B,H,T,dk) the queries of positions i and i − 1 -> bigram queries."""
+        return (torch.einsum("bhtd,hde->bhte", q, self.query_taps[0])
+                + torch.einsum("bhtd,hde->bhte", q_prev, self.query_taps[1])).to(q.dtype)
+
+    def mix_contexts(self, c1: torch.Tensor, c2: torch.Tensor) -> torch.Tensor:
+        """Interleaved: the unigram and bigram queries' contexts (B,T,d) -> one context (B,T,d)."""
+        return (c1 @ self.mix[0] + c2 @ self.mix[1]).to(c1.dtype)
 
     def fold_weights(self, w: torch.Tensor) -> torch.Tensor:
         """Heterogeneous weights over n·S entries -> (B,H,T,S) by the entry's last position
