@@ -14,6 +14,11 @@ Layout (layers, slots, heads, positions, head_dim), layer first: a layer's
 gathered cache is then one contiguous (B, H, length, dk) block, which
 index_select fills with plain row copies and attention multiplies without
 another transposing copy.
+
+Besides the caches, the per-stream numbers that only the model reads and writes
+live here too, slot first (`state`): the policy's k or δ, GMA's running sums
+and a variant's carried context. They stay on the model's device, so a step
+neither uploads nor downloads them (issue 14: one transfer each way per step).
 """
 from __future__ import annotations
 
@@ -39,6 +44,13 @@ class CachePool:
             "cross_mk": cfg.decoder_layers if cfg.variant.kind == "calibration" else 0,
         }
         self.tensors = {name: self._empty(name, capacity) for name in KINDS}
+        # per-slot (shape after the slot, dtype): written at `reset` and by the step, never read on the host
+        self.state_spec = {"k": ((), torch.long), "delta": ((), torch.float32)}
+        if cfg.attention == "gma":
+            self.state_spec["running"] = ((cfg.decoder_layers,), torch.float32)   # unclamped Σ Δp per layer
+        if cfg.variant.carries_context:  # SACT's c̃ / interleaved phrases' x of the last written step
+            self.state_spec["context"] = ((cfg.decoder_layers, cfg.d_model), dtype)
+        self.state = {name: self._empty_state(name, capacity) for name in self.state_spec}
         self.initial = self.capacity = capacity
         self.free = list(range(capacity))          # a heap: the lowest free slot first
         self.peak = 0                              # most slots in use since the last shrink
@@ -47,6 +59,18 @@ class CachePool:
         c = self.cfg
         return torch.zeros(self.layers[name], n, c.n_heads, c.max_positions, c.head_dim,
                            device=self.device, dtype=self.dtype)
+
+    def _empty_state(self, name: str, n: int) -> torch.Tensor:
+        shape, dtype = self.state_spec[name]
+        return torch.zeros(n, *shape, device=self.device, dtype=dtype)
+
+    def reset(self, slot: int, k: int | None = None, delta: float | None = None) -> None:
+        """A new stream in `slot`: its policy values, zero sums and context (fills, no transfer)."""
+        self.state["k"][slot] = k or 0
+        self.state["delta"][slot] = delta or 0.0
+        for name in ("running", "context"):
+            if name in self.state:
+                self.state[name][slot] = 0
 
     @property
     def in_use(self) -> int:
@@ -72,6 +96,10 @@ class CachePool:
             bigger = self._empty(name, capacity)
             bigger[:, : self.capacity] = t
             self.tensors[name] = bigger
+        for name, t in self.state.items():
+            bigger = self._empty_state(name, capacity)
+            bigger[: self.capacity] = t
+            self.state[name] = bigger
         for slot in range(self.capacity, capacity):
             heapq.heappush(self.free, slot)
         self.capacity = capacity
@@ -89,26 +117,32 @@ class CachePool:
             return 0
         for name, t in self.tensors.items():   # a copy: slicing would keep the whole block alive
             self.tensors[name] = t[:, :target].clone()
+        for name, t in self.state.items():
+            self.state[name] = t[:target].clone()
         given = self.capacity - target
         self.free = [slot for slot in self.free if slot < target]
         heapq.heapify(self.free)
         self.capacity = target
         return given
 
-    def gather(self, name: str, slots: torch.Tensor, length: int) -> list[tuple[torch.Tensor, ...]]:
+    def gather(self, name: str, slots: torch.Tensor, length: int, lone: int | None = None
+               ) -> list[tuple[torch.Tensor, ...]]:
         """Per layer, the (B, H, length, dk) cache of the given slots.
 
-        One slot (a lone stream) gets a view, not a copy: the model only reads caches (its
-        new keys come back to the caller, which writes them with `write`)."""
+        One slot (a lone stream, `lone` its number as a host int) gets a view, not a copy:
+        the model only reads caches (its new keys come back to the caller, which writes
+        them with `write`)."""
         t = self.tensors[name][:, :, :, : max(length, 1)]
-        if slots.numel() == 1:
-            i = int(slots[0])
-            return [t[layer, i:i + 1] for layer in range(t.shape[0])]
+        if lone is None and slots.numel() == 1 and slots.device.type == "cpu":
+            lone = int(slots[0])   # free on the host; on a GPU it would synchronise
+        if lone is not None:
+            return [t[layer, lone:lone + 1] for layer in range(t.shape[0])]
         return [t[layer].index_select(0, slots) for layer in range(t.shape[0])]
 
-    def gather_kv(self, prefix: str, slots: torch.Tensor, length: int):
+    def gather_kv(self, prefix: str, slots: torch.Tensor, length: int, lone: int | None = None):
         """Per layer (k, v) pairs for `enc`, `cross` or `dec`."""
-        return list(zip(self.gather(prefix + "_k", slots, length), self.gather(prefix + "_v", slots, length)))
+        return list(zip(self.gather(prefix + "_k", slots, length, lone),
+                        self.gather(prefix + "_v", slots, length, lone)))
 
     def write(self, name: str, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               values: torch.Tensor) -> None:

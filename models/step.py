@@ -19,6 +19,7 @@ from models.policy import Policy, make_policy
 from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
+from models.upload import Upload
 
 # once the source has ended, a target longer than a * |x| + b is cut with EOS
 MAX_LEN_A, MAX_LEN_B = 2, 10
@@ -26,7 +27,7 @@ MAX_LEN_A, MAX_LEN_B = 2, 10
 
 class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,
-                 fast: bool = True):
+                 fast: bool = True, sync_free: bool | None = None):
         self.model = model.eval()
         # what the steps run: on CPU a copy with packed linears (models/packed_linear.py), else
         # the model itself; `model` keeps its own weights (saving, moving, training).
@@ -37,6 +38,10 @@ class StreamingDecoder:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
+        # sync_free: no step operation waits for the device (no early exit when every row READs,
+        # no boolean masks): the GPU path. On the CPU those shortcuts cost nothing and save
+        # work, so they stay; sync_free=True runs the GPU path on the CPU (tests: same outputs)
+        self.sync_free = p.device.type != "cpu" if sync_free is None else sync_free
         # the output projection (the embedding, tied) packed like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
@@ -54,8 +59,7 @@ class StreamingDecoder:
                    record: bool = False, policy: Policy | None = None) -> StreamState:
         policy = policy or make_policy(self.cfg, k=k, delta=delta, beam=beam)
         s = StreamState(policy=policy, slot=self.pool.allocate())
-        if policy.kind == "gma":
-            s.gma_running = [0.0] * self.cfg.decoder_layers
+        self.pool.reset(s.slot, k=policy.k, delta=policy.delta)
         if record:
             s.record = []
         return s
@@ -118,19 +122,26 @@ class StreamingDecoder:
                 out[i] = self._write(s, self.cfg.eos_id)
             else:
                 compute.append(i)
-        # encode only what a decoder step is about to use: words read while the
-        # policy waits are encoded together, as one chunk
-        self._encode_pending([states[i] for i in compute])
-        batch = []
-        for i in compute:
-            s = states[i]
-            if s.policy.kind == "offline" and s.policy.beam > 1:
-                s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
-                out[i] = self._write(s, s.queue.pop(0))
-            else:
-                batch.append(i)
+        if not compute:
+            return out
+        beams = [i for i in compute if states[i].policy.kind == "offline" and states[i].policy.beam > 1]
+        batch = [i for i in compute if i not in beams]
+        # encode only what a decoder step is about to use: words read while the policy waits
+        # are encoded together, as one chunk. Everything the step needs from the host goes
+        # to the device in one copy (the encoder's new subwords and the decoder's rows)
+        upload = Upload()
+        todo = self._plan_encode([states[i] for i in compute], upload)
         if batch:
-            for i, o in zip(batch, self._decode([states[i] for i in batch])):
+            self._plan_decode([states[i] for i in batch], upload)
+        sent = upload.send(self.device)
+        if todo:
+            self._encode(todo, sent)
+        for i in beams:
+            s = states[i]
+            s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
+            out[i] = self._write(s, s.queue.pop(0))
+        if batch:
+            for i, o in zip(batch, self._decode([states[i] for i in batch], sent)):
                 out[i] = o
         return out
 
@@ -205,100 +216,114 @@ class StreamingDecoder:
             cap = min(cap, MAX_LEN_A * s.available + MAX_LEN_B)
         return cap
 
-    def _encode_pending(self, states: list[StreamState]) -> None:
+    def _plan_encode(self, states: list[StreamState], upload: Upload) -> list[StreamState]:
+        """The streams with source positions to encode; their subwords and cache positions
+        are added to `upload` (host lists: no device work yet)."""
         todo = [s for s in states if s.n_encoded < s.available and not s.done
                 and (self.cfg.causal_encoder or s.source_finished)]
         if not todo:
-            return
+            return todo
         eos = self.cfg.eos_id
         new = [(s.source_tokens + [eos] * s.source_finished)[s.n_encoded:s.available] for s in todo]
-        n_new = torch.tensor([len(x) for x in new], device=self.device)
-        start = torch.tensor([s.n_encoded for s in todo], device=self.device)
-        tokens = torch.full((len(todo), int(n_new.max())), self.cfg.pad_id, device=self.device)
-        for r, x in enumerate(new):
-            tokens[r, : len(x)] = torch.tensor(x, device=self.device)
-        slots = torch.tensor([s.slot for s in todo], device=self.device)
-        valid = torch.arange(tokens.shape[1], device=self.device).view(1, -1) < n_new.view(-1, 1)
-        bi, ii = valid.nonzero(as_tuple=True)
-        pos = start[bi] + ii
+        width = max(map(len, new))
+        upload.add("enc_tokens", [x + [self.cfg.pad_id] * (width - len(x)) for x in new], (len(todo), width))
+        upload.add("enc_rows", [[s.slot, s.n_encoded, len(x)] for s, x in zip(todo, new)], (len(todo), 3))
+        # one entry per new position: (row, index in the chunk, slot, cache position)
+        upload.add("enc_new", [[r, i, s.slot, s.n_encoded + i] for r, (s, x) in enumerate(zip(todo, new))
+                               for i in range(len(x))], (sum(map(len, new)), 4))
+        return todo
+
+    def _encode(self, todo: list[StreamState], sent: dict[str, torch.Tensor]) -> None:
+        tokens = sent["enc_tokens"]
+        slots, start, n_new = sent["enc_rows"].unbind(1)
+        bi, ii, wslots, pos = sent["enc_new"].unbind(1)
         if self.cfg.causal_encoder:
-            caches = self.pool.gather_kv("enc", slots, int(start.max()))
+            lone = todo[0].slot if len(todo) == 1 else None
+            caches = self.pool.gather_kv("enc", slots, max(s.n_encoded for s in todo), lone)
             enc, new_kv = self.net.encode_chunk(tokens, start, n_new, caches)
             for layer, (k, v) in enumerate(new_kv):
-                self.pool.write("enc_k", layer, slots[bi], pos, k[bi, :, ii])
-                self.pool.write("enc_v", layer, slots[bi], pos, v[bi, :, ii])
+                self.pool.write("enc_k", layer, wslots, pos, k[bi, :, ii])
+                self.pool.write("enc_v", layer, wslots, pos, v[bi, :, ii])
         else:  # bidirectional: the whole sentence at once, after it ended
             enc = self.net.encode(tokens, n_new)
         for layer, (k, v) in enumerate(self.net.cross_kv(enc)):
-            self.pool.write("cross_k", layer, slots[bi], pos, k[bi, :, ii])
-            self.pool.write("cross_v", layer, slots[bi], pos, v[bi, :, ii])
+            self.pool.write("cross_k", layer, wslots, pos, k[bi, :, ii])
+            self.pool.write("cross_v", layer, wslots, pos, v[bi, :, ii])
         for layer, mk in enumerate(self.net.mask_keys(enc) or []):
-            self.pool.write("cross_mk", layer, slots[bi], pos, mk[bi, :, ii])
+            self.pool.write("cross_mk", layer, wslots, pos, mk[bi, :, ii])
         for s in todo:
             s.n_encoded = s.available
 
-    def _decode(self, states: list[StreamState]) -> list[StepOutput]:
-        dev, cfg = self.device, self.cfg
-        slots = torch.tensor([s.slot for s in states], device=dev)
-        t = torch.tensor([len(s.target_tokens) for s in states], device=dev)
-        prev = torch.tensor([s.target_tokens[-1] if s.target_tokens else cfg.bos_id for s in states], device=dev)
-        avail = torch.tensor([s.available for s in states], device=dev)
-        finished = torch.tensor([s.source_finished for s in states], device=dev)
-        k = delta = running = None
+    def _plan_decode(self, states: list[StreamState], upload: Upload) -> None:
+        bos = self.cfg.bos_id
+        upload.add("dec_rows", [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
+                                 s.available, int(s.source_finished)] for s in states], (len(states), 5))
+
+    def _decode(self, states: list[StreamState], sent: dict[str, torch.Tensor]) -> list[StepOutput]:
+        """One batched decoder trial. The per-stream numbers the model alone uses (k, δ, GMA's
+        sums, a variant's context) stay in the pool's slot-indexed state; what comes back to
+        the host is one (B, 3) copy: READ or not, the source it needs, the token."""
+        cfg, pool, state = self.cfg, self.pool, self.pool.state
+        slots, t, prev, avail, finished = sent["dec_rows"].unbind(1)
+        finished = finished.bool()
+        lone = states[0].slot if len(states) == 1 else None
+        t_max = max(len(s.target_tokens) for s in states)
+        a_max = max(s.available for s in states)
+        k = delta = running = mask_caches = contexts = None
         if cfg.attention == "waitk":
-            k = torch.tensor([s.policy.k for s in states], device=dev)
+            k = state["k"].index_select(0, slots)
         elif cfg.attention == "gma":
-            delta = torch.tensor([s.policy.delta for s in states], device=dev, dtype=torch.float32)
-            running = torch.tensor([s.gma_running for s in states], device=dev, dtype=torch.float32)
-        mask_caches = contexts = None
+            delta = state["delta"].index_select(0, slots)
+            running = state["running"].index_select(0, slots)
         if cfg.variant.kind == "calibration":
-            mask_caches = self.pool.gather("cross_mk", slots, int(avail.max()))
+            mask_caches = pool.gather("cross_mk", slots, a_max, lone)
         elif cfg.variant.carries_context:
-            contexts = torch.stack([self._carried_context(s) for s in states])
+            contexts = state["context"].index_select(0, slots)
         hidden, new_kv, info = self.net.decode_step(
-            prev, t, self.pool.gather_kv("dec", slots, int(t.max())),
-            self.pool.gather_kv("cross", slots, int(avail.max())), avail, finished, k, delta, running,
-            need_weights=any(s.record is not None for s in states), mask_caches=mask_caches, contexts=contexts)
-        read = info["read"].tolist()
-        need = info["need"].tolist()
-        keep = torch.tensor([not r for r in read], device=dev)
-        tokens = torch.zeros(len(states), dtype=torch.long, device=dev)
-        if keep.any():  # no output projection for trials that READ
-            tokens[keep] = self.scores(hidden[keep]).argmax(-1)
-        tokens = tokens.tolist()
-        for r, s in enumerate(states):
-            if not read[r] and tokens[r] == cfg.eos_id and not s.source_finished:
-                # EOS before the source has ended is a READ (the reference agents' rule): a
-                # translation ends with its sentence, not while the speaker is still talking
-                read[r], need[r] = True, s.available + 1
+            prev, t, pool.gather_kv("dec", slots, t_max, lone), pool.gather_kv("cross", slots, a_max, lone),
+            avail, finished, k, delta, running, need_weights=any(s.record is not None for s in states),
+            mask_caches=mask_caches, contexts=contexts, early_exit=not self.sync_free)
+        read, need = info["read"], info["need"]
+        if "n" not in info:   # every row READ below the top layer (host shortcut, see decode_step)
+            tokens = torch.zeros_like(need)
+        elif self.sync_free:  # scores for every row: a mask of the writing rows would synchronise
+            tokens = self.scores(hidden).argmax(-1)
+        else:                 # on the host the mask is free and saves the READ rows' output projection
+            tokens = torch.zeros_like(need)
+            keep = ~read
+            if keep.any():
+                tokens[keep] = self.scores(hidden[keep]).argmax(-1)
+        # EOS before the source has ended is a READ (the reference agents' rule): a translation
+        # ends with its sentence, not while the speaker is still talking
+        early = ~read & (tokens == cfg.eos_id) & ~finished
+        need = torch.where(early, avail + 1, need)
+        read = read | early
+        wrote = ~read
         # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
         # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
         for layer, (kk, vv) in enumerate(new_kv):
-            self.pool.write("dec_k", layer, slots, t, kk[:, :, 0])
-            self.pool.write("dec_v", layer, slots, t, vv[:, :, 0])
+            pool.write("dec_k", layer, slots, t, kk[:, :, 0])
+            pool.write("dec_v", layer, slots, t, vv[:, :, 0])
+        # only a written step moves GMA's sums and a carried context on (kept on the device)
+        if "running" in info:
+            state["running"].index_copy_(0, slots, torch.where(wrote.view(-1, 1), info["running"], running))
+        if "context" in info:
+            moved = torch.where(wrote.view(-1, 1, 1), info["context"].to(contexts.dtype), contexts)
+            state["context"].index_copy_(0, slots, moved)
+        decided = torch.stack([read.long(), need, tokens], 1).tolist()   # the one copy back
         outs = []
-        sums = info["running"].tolist() if "running" in info else None  # one conversion, not one per stream
         for r, s in enumerate(states):
-            if read[r]:
-                s.need = need[r]
-                outs.append(self._read(s, need[r]))
+            was_read, n, token = decided[r]
+            if was_read:
+                s.need = n
+                outs.append(self._read(s, n))
                 continue
-            if sums is not None:
-                s.gma_running = sums[r]
-            if "context" in info:  # SACT: only a written step moves c̃ on
-                s.carried_context = info["context"][r]
             if s.record is not None:
                 s.record.append({"n": info["n"][r].tolist(),
                                  "p": info["p"][r].tolist() if "p" in info else None,
                                  "attention": [a[r].mean(0)[: s.available].tolist() for a in info["attention"]]})
-            outs.append(self._write(s, tokens[r]))
+            outs.append(self._write(s, token))
         return outs
-
-    def _carried_context(self, s: StreamState) -> torch.Tensor:
-        if s.carried_context is None:  # c̃ before the first target step: zeros
-            s.carried_context = torch.zeros(self.cfg.decoder_layers, self.cfg.d_model, device=self.device,
-                                         dtype=self.dtype)
-        return s.carried_context
 
     def _write(self, s: StreamState, token: int) -> StepOutput:
         """Commit one target token; release the words it completes."""

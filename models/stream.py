@@ -2,7 +2,9 @@
 
 The model and the cache pool are shared; a StreamState is the only per-stream
 object. Its fields are plain Python values, so a server can hold thousands and
-drop one at once when its client disconnects.
+drop one at once when its client disconnects. The numbers only the model uses
+(k, δ, GMA's running sums, a variant's carried context) live on the device in
+the cache pool's slot-indexed state, next to the stream's caches.
 """
 from __future__ import annotations
 
@@ -52,8 +54,6 @@ class StreamState:
     n_encoded: int = 0                 # source positions whose caches are filled
     target_tokens: list[int] = field(default_factory=list)
     token_delays: list[int] = field(default_factory=list)   # per target token, source positions read
-    gma_running: list[float] | None = None                   # per decoder layer, unclamped Σ Δp
-    carried_context: object = None     # per decoder layer, from the last written step (L, d): SACT c̃, interleaved x
     pending: list[int] = field(default_factory=list)         # pieces of the word being written
     words: list[TargetWord] = field(default_factory=list)    # released target words
     queue: list[int] = field(default_factory=list)           # tokens decided ahead (beam search)

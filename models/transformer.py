@@ -297,7 +297,8 @@ class Transformer(nn.Module):
         return x, new_kv
 
     def decode_step(self, tokens, t, self_caches, cross_caches, avail, finished,
-                    k=None, delta=None, running=None, need_weights=False, mask_caches=None, contexts=None):
+                    k=None, delta=None, running=None, need_weights=False, mask_caches=None, contexts=None,
+                    early_exit=True):
         """One decoder position for a batch of streams.
 
         tokens (B,) previous target token, t (B,) its position, self_caches per layer
@@ -313,6 +314,8 @@ class Transformer(nn.Module):
         attention weights (B,H,S'). Variants: mask_caches per layer the calibration mask keys
         (B,H,S',dk); contexts (B,L,d) SACT's c̃_{t−1} per layer (zeros at t = 0), the new ones
         come back as info["context"]. GMM (offline) takes the source length from avail.
+        early_exit: stop after the layer where every row READs (info then has no "n"); the
+        test reads the device, so a GPU step passes False and runs every layer.
         """
         b = tokens.shape[0]
         tt = t.view(-1, 1)
@@ -337,7 +340,7 @@ class Transformer(nn.Module):
             need = torch.where(read, need, torch.where(blocking, n, need))
             read |= blocking
             n = torch.minimum(n, avail)
-            if bool(read.all()):  # every stream READs: the layers above would be wasted
+            if early_exit and bool(read.all()):  # every stream READs: the layers above would be wasted
                 return x[:, 0], new_kv, {"read": read, "need": need}
             prior = gma.log_prior(p, ck.shape[2]) if p is not None else None
             x, w, extras = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior,

@@ -1,0 +1,80 @@
+"""The GPU form of the step (issue 14), run on the CPU: per-stream numbers live in the pool's
+slot-indexed state, one copy goes up and one comes back, nothing in between waits for the device."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import POLICIES, random_decoder
+from test_attention_variants import VARIANTS, variant_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from models.data.synthetic import make_pairs
+from models.step import StreamingDecoder
+from models.translate import simulate
+
+SENTENCES = [src for src, _ in make_pairs(10, min_len=1, max_len=9, seed=21)]
+# ops that make the host wait for a GPU: a scalar read, a data-dependent shape, a boolean mask
+SYNCING = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero",
+           "aten::masked_select", "aten::nonzero_static"}
+
+
+def outputs(dec, sentences, **kw):
+    return [(r.prediction, r.delays, r.token_delays) for r in simulate(dec, sentences, **kw)]
+
+
+def sync_free_twin(dec) -> StreamingDecoder:
+    return StreamingDecoder(dec.model, dec.tok, sync_free=True)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("batch_size", [1, 10])
+def test_sync_free_step_equals_host_step(policy, batch_size, trained_decoders):
+    dec = trained_decoders[policy]
+    setting = {"waitk": {"k": 2}, "gma": {"delta": 0.5}}.get(policy, {})
+    want = outputs(dec, SENTENCES, batch_size=batch_size, **setting)
+    assert outputs(sync_free_twin(dec), SENTENCES, batch_size=batch_size, **setting) == want
+
+
+@pytest.mark.parametrize("name, policy", [("sact", "gma"), ("phrase_queryk_int", "waitk"),
+                                          ("calib_gate", "gma"), ("phrase_convkv_het", "offline")])
+def test_sync_free_step_equals_host_step_for_variants(name, policy, word_tok):
+    _, model = variant_model(word_tok, policy, VARIANTS[name], seed=3)
+    host, free = StreamingDecoder(model, word_tok), StreamingDecoder(model, word_tok, sync_free=True)
+    assert outputs(free, SENTENCES[:6], batch_size=3) == outputs(host, SENTENCES[:6], batch_size=3)
+
+
+class OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name().split(".")[0]
+        self.ops.append(name if "::" in name else "aten::" + name)
+        if name in ("aten::index", "aten::index_put_", "aten::index_put") or func is torch.ops.aten.index.Tensor:
+            for ix in (args[1] if len(args) > 1 else []) or []:
+                if isinstance(ix, torch.Tensor) and ix.dtype == torch.bool:
+                    self.ops.append("boolean-mask indexing")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_sync_free_step_never_waits_and_copies_back_once(policy, word_tok, monkeypatch):
+    dec = StreamingDecoder(random_decoder(word_tok, policy, seed=2).model, word_tok, sync_free=True)
+    tolist = torch.Tensor.tolist
+    copies = []
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: copies.append(t.shape) or tolist(t))
+    states = [dec.new_stream() for _ in range(3)]
+    for s, sentence in zip(states, SENTENCES):
+        dec.push(s, sentence)
+        dec.finish(s)
+    decoder_steps = 0
+    while not all(s.done for s in states):
+        before = len(copies)
+        with OpLog() as log:
+            dec.step(states)
+        decoder_steps += len(copies) > before
+        assert not SYNCING & set(log.ops), set(log.ops) & SYNCING
+        assert "boolean-mask indexing" not in log.ops
+        assert len(copies) - before <= 1   # the one (B, 3) copy back
+    assert decoder_steps > 3
