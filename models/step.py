@@ -27,12 +27,16 @@ MAX_LEN_A, MAX_LEN_B = 2, 10
 
 class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,
-                 fast: bool = True, sync_free: bool | None = None):
+                 fast: bool = True, sync_free: bool | None = None, compiled: bool = False,
+                 static_shapes: bool | None = None):
         self.model = model.eval()
         # what the steps run: on CPU a copy with packed linears (models/packed_linear.py), else
         # the model itself; `model` keeps its own weights (saving, moving, training).
-        # fast=False: a copy without any fast path, the baseline of `bench step`
-        self.net = pack_for_inference(model) if fast else plain_copy(model)
+        # fast=False: a copy without any fast path, the baseline of `bench step`.
+        # compiled: the decoder step through torch.compile (packed oneDNN calls do not trace, so
+        # the model's own linears), on CUDA as CUDA graphs; see `_static_shapes`
+        self.compiled = compiled
+        self.net = model if compiled else pack_for_inference(model) if fast else plain_copy(model)
         self.cfg = model.cfg
         self.tok = tokenizer
         p = next(model.parameters())
@@ -42,12 +46,38 @@ class StreamingDecoder:
         # no boolean masks): the GPU path. On the CPU those shortcuts cost nothing and save
         # work, so they stay; sync_free=True runs the GPU path on the CPU (tests: same outputs)
         self.sync_free = p.device.type != "cpu" if sync_free is None else sync_free
+        self.decode_fn = self.net.decode_step
+        self.scratch = None
+        if compiled if static_shapes is None else static_shapes:
+            self._static_shapes()
+        if compiled:
+            mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+            self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
         # the output projection (the embedding, tied) packed like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
         packed = fast and self.net is not model
         self.out_packed = PackedLinear(model.embed.weight, None) if packed else None
         self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
+
+    def _static_shapes(self) -> None:
+        """Few shapes for a compiled decoder step: batches padded to a power of two with rows of
+        a scratch slot (a slot no stream owns: whatever they write lands there), cache lengths
+        to a power of two (`bucket`). On CUDA, mode "reduce-overhead" records one CUDA graph per
+        shape and replays it; elsewhere inductor's default. No host shortcut may break the
+        graph: the step runs sync-free."""
+        self.sync_free = True
+        self.scratch = self.pool.allocate()
+        self.pool.reset(self.scratch)
+
+    def bucket(self, n: int) -> int:
+        """The cache length a static-shape step pads `n` to (the exact length otherwise)."""
+        if self.scratch is None:
+            return n
+        b = 8
+        while b < n:
+            b *= 2
+        return min(b, self.cfg.max_positions)
 
     def release_model(self) -> None:
         """Forget the caller's model where the steps run a copy of it (a server never saves,
@@ -256,8 +286,14 @@ class StreamingDecoder:
 
     def _plan_decode(self, states: list[StreamState], upload: Upload) -> None:
         bos = self.cfg.bos_id
-        upload.add("dec_rows", [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
-                                 s.available, int(s.source_finished)] for s in states], (len(states), 5))
+        rows = [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
+                 s.available, int(s.source_finished)] for s in states]
+        if self.scratch is not None:  # pad to the batch bucket with a finished one-position source
+            width = 1
+            while width < len(rows):
+                width *= 2
+            rows += [[self.scratch, 0, bos, 1, 1]] * (width - len(rows))
+        upload.add("dec_rows", rows, (len(rows), 5))
 
     def _decode(self, states: list[StreamState], sent: dict[str, torch.Tensor]) -> list[StepOutput]:
         """One batched decoder trial. The per-stream numbers the model alone uses (k, δ, GMA's
@@ -267,8 +303,8 @@ class StreamingDecoder:
         slots, t, prev, avail, finished = sent["dec_rows"].unbind(1)
         finished = finished.bool()
         lone = states[0].slot if len(states) == 1 else None
-        t_max = max(len(s.target_tokens) for s in states)
-        a_max = max(s.available for s in states)
+        t_max = self.bucket(max(len(s.target_tokens) for s in states))
+        a_max = self.bucket(max(s.available for s in states))
         k = delta = running = mask_caches = contexts = None
         if cfg.attention == "waitk":
             k = state["k"].index_select(0, slots)
@@ -279,9 +315,11 @@ class StreamingDecoder:
             mask_caches = pool.gather("cross_mk", slots, a_max, lone)
         elif cfg.variant.carries_context:
             contexts = state["context"].index_select(0, slots)
-        hidden, new_kv, info = self.net.decode_step(
+        record = any(s.record is not None for s in states)
+        # (recording attention for plots is a diagnostic: it runs eager)
+        hidden, new_kv, info = (self.net.decode_step if record else self.decode_fn)(
             prev, t, pool.gather_kv("dec", slots, t_max, lone), pool.gather_kv("cross", slots, a_max, lone),
-            avail, finished, k, delta, running, need_weights=any(s.record is not None for s in states),
+            avail, finished, k, delta, running, need_weights=record,
             mask_caches=mask_caches, contexts=contexts, early_exit=not self.sync_free)
         read, need = info["read"], info["need"]
         if "n" not in info:   # every row READ below the top layer (host shortcut, see decode_step)
@@ -310,7 +348,7 @@ class StreamingDecoder:
         if "context" in info:
             moved = torch.where(wrote.view(-1, 1, 1), info["context"].to(contexts.dtype), contexts)
             state["context"].index_copy_(0, slots, moved)
-        decided = torch.stack([read.long(), need, tokens], 1).tolist()   # the one copy back
+        decided = torch.stack([read.long(), need, tokens], 1)[: len(states)].tolist()   # the one copy back
         outs = []
         for r, s in enumerate(states):
             was_read, n, token = decided[r]

@@ -78,3 +78,52 @@ def test_a_sync_free_step_never_waits_and_copies_back_once(policy, word_tok, mon
         assert "boolean-mask indexing" not in log.ops
         assert len(copies) - before <= 1   # the one (B, 3) copy back
     assert decoder_steps > 3
+
+
+# ---- static shapes and the compiled step ----------------------------------------------------
+@pytest.mark.parametrize("policy", POLICIES)
+def test_padded_batches_and_cache_lengths_change_nothing(policy, trained_decoders):
+    """Static shapes pad each decoder batch with scratch-slot rows and each cache to a power of
+    two: the same tokens and delays, one stream or many."""
+    dec = trained_decoders[policy]
+    padded = StreamingDecoder(dec.model, dec.tok, static_shapes=True)
+    assert padded.bucket(5) == 8 and padded.bucket(9) == 16 and padded.bucket(10 ** 6) == dec.cfg.max_positions
+    for batch_size in (1, 3, 10):
+        assert outputs(padded, SENTENCES, batch_size=batch_size) == outputs(dec, SENTENCES, batch_size=batch_size)
+    assert padded.pool.in_use == 1   # only the scratch slot: every stream gave its slot back
+
+
+@pytest.mark.parametrize("name, policy", [("sact", "waitk"), ("phrase_queryk_int", "gma"),
+                                          ("calib_anneal", "gma"), ("gmm", "offline")])
+def test_padded_shapes_change_nothing_for_variants(name, policy, word_tok):
+    _, model = variant_model(word_tok, policy, VARIANTS[name], seed=4)
+    padded = StreamingDecoder(model, word_tok, static_shapes=True)
+    want = outputs(StreamingDecoder(model, word_tok), SENTENCES[:6], batch_size=3)
+    assert outputs(padded, SENTENCES[:6], batch_size=3) == want
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_eager_on_cpu(trained_decoders):
+    """torch.compile (inductor, CPU) of the decoder step: the same outputs as the eager step."""
+    dec = trained_decoders["gma"]
+    compiled = StreamingDecoder(dec.model, dec.tok, compiled=True)
+    for batch_size in (1, 4):
+        assert outputs(compiled, SENTENCES[:6], batch_size=batch_size) == outputs(dec, SENTENCES[:6],
+                                                                                   batch_size=batch_size)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on a GPU machine: docs/benchmarks.md)")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cuda_graph_step_equals_cpu_eager(policy, trained_decoders):
+    """On CUDA the compiled step (CUDA graphs) and the eager sync-free step write what the CPU writes."""
+    dec = trained_decoders[policy]
+    model = dec.model.to("cuda")
+    try:
+        eager = StreamingDecoder(model, dec.tok)
+        graphs = StreamingDecoder(model, dec.tok, compiled=True)
+        want = outputs(dec, SENTENCES, batch_size=10)
+        assert outputs(eager, SENTENCES, batch_size=10) == want
+        assert outputs(graphs, SENTENCES, batch_size=10) == want
+        assert outputs(graphs, SENTENCES[:3], batch_size=1) == outputs(dec, SENTENCES[:3], batch_size=1)
+    finally:
+        dec.model.to("cpu")
