@@ -162,8 +162,9 @@ def run_step(args) -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cuda else "") + ":---:|")
     for r in host:
         extra = f"{r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | " if cuda else ""
+        ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
         print(f"| {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | {r['kernel_ms_per_step']:.3f} | "
-              f"{r['wall_over_kernel']:.2f}x | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | {extra}"
+              f"{ratio} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | {extra}"
               f"{'yes' if r['identical'] else 'NO'} |")
     out = {"device": str(device), "dtype": args.dtype, "step": rows, "host_overhead": host}
     if args.gemm:

@@ -131,59 +131,74 @@ def compute_op_time(events) -> float:
     return ns / 1e9
 
 
+def profile_traffic(fn, cuda: bool = False) -> dict:
+    """Run `fn()` once under torch.profiler (CPU, plus CUDA when `cuda`) and a read counter:
+    {"result": fn's return value, "kernel_s": device time on CUDA or CPU compute time
+    (`compute_op_time`), "uploads", "reads" and on CUDA "memcpy", "syncs"} (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    reads = _CountReads()
+    with profile(activities=activities) as prof, reads:
+        result = fn()
+    # the raw events: building the profiler's own event tree would take longer than the run
+    events = list(prof.profiler.kineto_results.events())
+    cpu_events = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
+    names = [e.name() for e in cpu_events]
+    out = {"result": result, "uploads": names.count("aten::lift_fresh"),
+           "reads": sum(names.count(n) for n in READ_OPS) + reads.reads}
+    if cuda:
+        device = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA
+                  and not e.is_user_annotation()]
+        out["kernel_s"] = sum(e.duration_ns() for e in device) / 1e9
+        out["memcpy"] = sum(e.name().startswith(("Memcpy HtoD", "Memcpy DtoH")) for e in device)
+        out["syncs"] = sum(n in CUDA_SYNCS for n in names)
+    else:
+        out["kernel_s"] = compute_op_time(cpu_events)
+    return out
+
+
 def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
                         rounds: int = 3, max_words: int = 30, progress=None) -> list[dict]:
     """Per batch size: the streaming step's mean wall time against its kernel time, and the
     host↔device traffic per step (module docstring), over the first `sentences` source lines of
     1-`max_words` words arriving word by word (as `bench_fast_paths` chooses them)."""
-    from torch.profiler import ProfilerActivity, profile
     dec = TimedDecoder(model, tok)
     cuda = dec.device.type == "cuda"
     chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
     if not chosen:
         raise ValueError(f"no source line of 1-{max_words} words")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+    def outputs(results):
+        return [(r.target_tokens, r.token_delays, r.prediction) for r in results]
     rows = []
     for b in batch_sizes:
         simulate(dec, chosen[:b], batch_size=b)   # first-call costs out of the timings
-        wall, outputs = [], None
+        wall, timed = [], None
         for _ in range(rounds):
             dec.step_seconds = []
-            res = simulate(dec, chosen, batch_size=b)
+            timed = outputs(simulate(dec, chosen, batch_size=b))
             wall.append(statistics.mean(dec.step_seconds))
             steps = len(dec.step_seconds)
-            outputs = [(r.target_tokens, r.token_delays, r.prediction) for r in res]
             if progress is not None:
                 progress.update(1)
         dec.step_seconds, dec.sync_each_step = [], False   # the profile counts the step's own syncs only
-        reads = _CountReads()
-        with profile(activities=activities) as prof, reads:
-            res = simulate(dec, chosen, batch_size=b)
-        dec.sync_each_step = cuda
+        try:
+            prof = profile_traffic(lambda: outputs(simulate(dec, chosen, batch_size=b)), cuda)
+        finally:
+            dec.sync_each_step = cuda
         if progress is not None:
             progress.update(1)
-        profiled_steps = len(dec.step_seconds)
-        events = list(prof.profiler.kineto_results.events())
-        cpu_events = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
-        names = [e.name() for e in cpu_events]
-        if cuda:
-            device = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA
-                      and not e.is_user_annotation()]
-            kernel_s = sum(e.duration_ns() for e in device) / 1e9
-        else:
-            kernel_s = compute_op_time(cpu_events)
-        row = {"batch_size": b, "sentences": len(chosen), "steps": profiled_steps,
-               "step_wall_ms": statistics.median(wall) * 1000,
-               "kernel_ms_per_step": kernel_s * 1000 / profiled_steps,
-               "uploads_per_step": names.count("aten::lift_fresh") / profiled_steps,
-               "reads_per_step": (sum(names.count(n) for n in READ_OPS) + reads.reads) / profiled_steps,
+        n = len(dec.step_seconds)
+        row = {"batch_size": b, "sentences": len(chosen), "target_tokens": sum(o[0] for o in prof["result"]),
+               "steps": n, "step_wall_ms": statistics.median(wall) * 1000,
+               "kernel_ms_per_step": prof["kernel_s"] * 1000 / n,
+               "uploads_per_step": prof["uploads"] / n, "reads_per_step": prof["reads"] / n,
                "kernel_source": "cuda activities" if cuda else "cpu compute operators",
-               "identical": outputs == [(r.target_tokens, r.token_delays, r.prediction) for r in res]
-               and steps == profiled_steps}
-        row["wall_over_kernel"] = row["step_wall_ms"] / row["kernel_ms_per_step"]
+               "identical": timed == prof["result"] and steps == n}
+        kernel = row["kernel_ms_per_step"]
+        row["wall_over_kernel"] = row["step_wall_ms"] / kernel if kernel > 0 else None
         if cuda:
-            row["memcpy_per_step"] = sum(e.name().startswith(("Memcpy HtoD", "Memcpy DtoH"))
-                                         for e in device) / profiled_steps
-            row["syncs_per_step"] = sum(n in CUDA_SYNCS for n in names) / profiled_steps
+            row["memcpy_per_step"] = prof["memcpy"] / n
+            row["syncs_per_step"] = prof["syncs"] / n
         rows.append(row)
     return rows
