@@ -41,7 +41,7 @@ def register(sub) -> None:
                     "per batch size; then the step's wall time against its kernel time (the host overhead) "
                     "and its host<->device traffic.",
         epilog="examples:\n  simulserve bench step --gemm\n  simulserve bench step --dtype bfloat16\n"
-               "  simulserve bench step --device cuda --batch-sizes 1,8,32,128\n\n"
+               "  simulserve bench step --device cuda --batch-sizes 1,8,32,128 --sentences 128\n\n"
                "host overhead table (one profiled round per batch size, besides --rounds un-profiled ones):\n"
                "  step wall ms    perf_counter around each StreamingDecoder.step of the un-profiled rounds\n"
                "                  (CUDA: synchronised before the clock stops), mean per step, median of rounds\n"
@@ -64,7 +64,9 @@ def register(sub) -> None:
     st.add_argument("--source", help="sentences, one per line (default: data/de-en/test.de)")
     st.add_argument("--batch-sizes", default="1,8,32", help="streams stepped together")
     st.add_argument("--sentences", type=int, default=32)
-    st.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
+    st.add_argument("--rounds", type=int, default=3,
+                    help="timed rounds (fast and plain alternate; the host-overhead table's are separate, "
+                         "plus one profiled round); medians are reported")
     st.add_argument("--threads", type=int, default=1, help="torch threads (CPU only)")
     st.add_argument("--device", default="auto", help=DEVICE_HELP)
     st.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA only)")
