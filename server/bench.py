@@ -45,8 +45,8 @@ def add_server_bench_args(p) -> None:
                                              "--no-batching (for the batching comparison)")
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
     p.add_argument("--server-threads", type=int, help="torch threads of the started server")
-    p.add_argument("--device", help="device of the started server: auto (its default: cuda when available, "
-                                    "else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--device", help="device of the started server (not with --url): auto (its default: cuda "
+                                    "when available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16, float16 on CUDA)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
     p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
@@ -323,7 +323,12 @@ def load_sentences(args) -> list[list[str]]:
 
 # ---------------------------------------------------------------- the command
 def run_server_bench(args) -> int:
+    from models.errors import UserError
     proc = None
+    given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype)) if v]
+    if args.url and given:   # they set up the server this command starts; a running one has its own
+        verb = "apply" if len(given) > 1 else "applies"
+        raise UserError(f"{' and '.join(given)} {verb} to the server this command starts, not to --url")
     if not args.url:
         proc, args.url = start_server(args)
     try:

@@ -156,9 +156,9 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
 def test_bench_on_a_missing_gpu_is_a_one_line_error(what, tiny_checkpoint):
     ckpt, src = tiny_checkpoint
     r = cli("bench", what, "--device", "cuda", "--checkpoint", str(ckpt), "--source", str(src))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == \
-        ["simulserve bench: error: CUDA was requested but no CUDA device is available"]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1] == \
+        "simulserve bench: error: CUDA was requested but no CUDA device is available"
 
 
 def test_bench_engine_runs_on_the_device_given(tiny_checkpoint, tmp_path):
@@ -181,7 +181,8 @@ def test_pick_device_names_bad_values():
 
 
 def test_bench_server_passes_device_and_dtype_to_the_server_it_starts():
-    from server.bench import server_command, start_server
+    from models.errors import UserError
+    from server.bench import run_server_bench, server_command, start_server
     parse = build_parser(["bench"]).parse_args
     args = parse(["bench", "server", "--checkpoint", "gma_delta1", "--device", "cpu", "--dtype", "bfloat16"])
     cmd = server_command(args, 8123)
@@ -190,6 +191,8 @@ def test_bench_server_passes_device_and_dtype_to_the_server_it_starts():
     served = build_parser(cmd[3:]).parse_args(cmd[3:])   # the real `simulserve serve` parser takes it
     assert (served.command, served.device, served.dtype) == ("serve", "cpu", "bfloat16")
     assert "--device" not in server_command(parse(["bench", "server"]), 8123)   # the server's own default
+    with pytest.raises(UserError, match="--device applies to the server this command starts"):
+        run_server_bench(parse(["bench", "server", "--url", "ws://127.0.0.1:9/v1/stream", "--device", "cpu"]))
     if not torch.cuda.is_available():   # refused here, before any server process starts
         with pytest.raises(CheckpointError, match="CUDA"):
             start_server(parse(["bench", "server", "--device", "cuda"]))

@@ -177,6 +177,8 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
         for _ in range(rounds):
             dec.step_seconds = []
             timed = outputs(simulate(dec, chosen, batch_size=b))
+            if not dec.step_seconds:   # the clock sits on step(); a loop that bypasses it measures nothing
+                raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
             wall.append(statistics.mean(dec.step_seconds))
             steps = len(dec.step_seconds)
             if progress is not None:
