@@ -56,6 +56,7 @@ CUDA_SYNCS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaE
 
 
 def is_compute(name: str) -> bool:
+    """An operator (aten::, mkldnn::, ...) that does arithmetic: not in NON_COMPUTE."""
     return "::" in name and name not in NON_COMPUTE and not name.startswith(NON_COMPUTE_PREFIXES)
 
 
@@ -90,35 +91,29 @@ class _CountReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _nest(events) -> list[tuple[str, int, str | None, bool, bool]]:
-    """CPU events of one profile as (name, self ns, nearest operator ancestor that is not compute,
-    has a compute operator among its children, is an operator) — nesting rebuilt per thread
-    from start and end times (cheaper than the profiler's own event tree)."""
+def _nest(events) -> list[list]:
+    """Every CPU event of a profile as [name, end ns, self ns, lies under a non-compute operator,
+    calls a compute operator], the nesting rebuilt per thread from start and end times (much
+    cheaper than building the profiler's own event tree)."""
     by_thread: dict[int, list] = {}
     for e in events:
         by_thread.setdefault(e.start_thread_id(), []).append((e.start_ns(), -e.duration_ns(), e.name()))
     out = []
     for rows in by_thread.values():
-        rows.sort()
-        stack: list[list] = []   # [name, end, self ns, blocked by a non-compute ancestor, calls compute]
-        done = []
-
-        def pop():
-            node = stack.pop()
-            done.append(node)
+        rows.sort()                 # parents first: earlier start, or the same start and longer
+        stack: list[list] = []      # the open events, innermost last
         for start, neg_dur, name in rows:
             end = start - neg_dur
             while stack and stack[-1][1] <= start:
-                pop()
-            blocked = bool(stack) and (stack[-1][3] or ("::" in stack[-1][0] and not is_compute(stack[-1][0])))
+                out.append(stack.pop())
+            blocked = False
             if stack:
-                stack[-1][2] -= end - start
-                if is_compute(name):
-                    stack[-1][4] = True
+                parent = stack[-1]
+                parent[2] -= end - start
+                parent[4] = parent[4] or is_compute(name)
+                blocked = parent[3] or ("::" in parent[0] and not is_compute(parent[0]))
             stack.append([name, end, end - start, blocked, False])
-        while stack:
-            pop()
-        out.extend(done)
+        out.extend(reversed(stack))
     return out
 
 
