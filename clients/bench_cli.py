@@ -63,7 +63,7 @@ def register(sub) -> None:
     st.add_argument("--checkpoint", "-m", default="gma_delta1", help="checkpoint dir or shipped name")
     st.add_argument("--source", help="sentences, one per line (default: data/de-en/test.de)")
     st.add_argument("--batch-sizes", default="1,8,32", help="streams stepped together")
-    st.add_argument("--sentences", type=int, default=32)
+    st.add_argument("--sentences", type=int, default=32, help="the first N source lines of 1-30 words")
     st.add_argument("--rounds", type=int, default=3,
                     help="timed rounds (fast and plain alternate; the host-overhead table's are separate, "
                          "plus one profiled round); medians are reported")
