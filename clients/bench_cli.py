@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+DEVICE_HELP = "auto (default: cuda when available, else cpu), cpu, cuda, cuda:N"
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -29,24 +31,48 @@ def register(sub) -> None:
     e.add_argument("--count", type=int, default=5, help="sentences per length")
     e.add_argument("--k", type=int)
     e.add_argument("--delta", type=float)
-    e.add_argument("--threads", type=int, default=1, help="torch threads (1: per-stream cost)")
+    e.add_argument("--threads", type=int, default=1, help="torch threads (1: per-stream cost; CPU only)")
+    e.add_argument("--device", default="auto", help=DEVICE_HELP)
     e.add_argument("--json", help="also write the rows here")
     e.set_defaults(func=run_engine)
     st = which.add_parser(
         "step", help="the streaming step with its fast paths vs without, per batch size",
         description="Milliseconds per written token of the streaming step with and without its fast paths, "
-                    "per batch size.",
-        epilog="examples:\n  simulserve bench step --gemm\n  simulserve bench step --dtype bfloat16",
+                    "per batch size; then the step's wall time against its kernel time (the host overhead) "
+                    "and its host<->device traffic.",
+        epilog="examples:\n  simulserve bench step --gemm\n  simulserve bench step --dtype bfloat16\n"
+               "  simulserve bench step --device cuda --batch-sizes 1,8,32,128 --sentences 128\n\n"
+               "host overhead table (one profiled round per batch size, besides --rounds un-profiled ones):\n"
+               "  step wall ms    perf_counter around each StreamingDecoder.step of the un-profiled rounds\n"
+               "                  (CUDA: synchronised before the clock stops), mean per step, median of rounds\n"
+               "  kernel ms/step  CUDA: time of every GPU activity (kernels, memcpy, memset) / steps;\n"
+               "                  CPU: self time of the innermost compute operators / steps: every aten::/\n"
+               "                  mkldnn:: operator except reads (item, _local_scalar_dense, nonzero), copies\n"
+               "                  and conversions (to, _to_copy, copy_, clone, contiguous), indexing (index*),\n"
+               "                  tensor creation (empty*, zeros*, ones*, full*, arange, lift_fresh, fill_,\n"
+               "                  zero_), views (view, reshape, select, slice, transpose, ...) and dropout,\n"
+               "                  not called by one of those, calling no other compute operator\n"
+               "  wall/kernel     the host's share (1 = nothing but kernels)\n"
+               "  uploads/step    aten::lift_fresh events: tensors made from Python values (a host->device\n"
+               "                  copy on a GPU)\n"
+               "  reads/step      aten::_local_scalar_dense + aten::nonzero events + Tensor.tolist/numpy/cpu\n"
+               "                  calls: device->host reads the host waits for on a GPU\n"
+               "  memcpy/step, syncs/step (CUDA only)  Memcpy HtoD/DtoH activities and\n"
+               "                  cudaStreamSynchronize/cudaDeviceSynchronize/cudaEventSynchronize calls",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--checkpoint", "-m", default="gma_delta1", help="checkpoint dir or shipped name")
     st.add_argument("--source", help="sentences, one per line (default: data/de-en/test.de)")
     st.add_argument("--batch-sizes", default="1,8,32", help="streams stepped together")
-    st.add_argument("--sentences", type=int, default=32)
-    st.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
-    st.add_argument("--threads", type=int, default=1, help="torch threads")
-    st.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    st.add_argument("--sentences", type=int, default=32, help="the first N source lines of 1-30 words")
+    st.add_argument("--rounds", type=int, default=3,
+                    help="timed rounds (fast and plain alternate; the host-overhead table's are separate, "
+                         "plus one profiled round); medians are reported")
+    st.add_argument("--threads", type=int, default=1, help="torch threads (CPU only)")
+    st.add_argument("--device", default="auto", help=DEVICE_HELP)
+    st.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA only)")
     st.add_argument("--gemm", action="store_true",
-                    help="also: GFLOP/s of single linears (the matrix units' rate) in float32 and bfloat16")
+                    help="also: GFLOP/s of single linears on the CPU (the matrix units' rate) in float32 and "
+                         "bfloat16")
     st.add_argument("--json", help="also write the rows here")
     st.set_defaults(func=run_step)
     try:
@@ -87,31 +113,66 @@ def _source_lines(path: str | None) -> list[str]:
         raise UserError(f"{path} not found: pass --source FILE (any German text)") from None
 
 
+def _sizes(text: str, flag: str) -> list[int]:
+    from models.errors import UserError
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise UserError(f"{flag} takes positive integers separated by commas, got {text!r}")
+    return sizes
+
+
+def _load(name: str, device_name: str, dtype_name: str | None = None):
+    """(model, tokenizer, device) on the device asked for (auto: CUDA when available)."""
+    from models.checkpoint import load_checkpoint, pick_device, pick_dtype
+    from models.shipped import resolve_checkpoint
+    device = pick_device(device_name)
+    model, tok, _ = load_checkpoint(resolve_checkpoint(name), device, pick_dtype(dtype_name, device))
+    return model, tok, device
+
+
 def run_step(args) -> int:
     import torch
     from tqdm import tqdm
 
     from models.benchmarks.engine import bench_fast_paths
-    from models.checkpoint import load_checkpoint, pick_dtype
-    from models.shipped import resolve_checkpoint
-    torch.set_num_threads(args.threads)
-    sizes = [int(x) for x in args.batch_sizes.split(",")]
-    model, tok, _ = load_checkpoint(resolve_checkpoint(args.checkpoint), "cpu", pick_dtype(args.dtype, "cpu"))
-    with tqdm(total=len(sizes) * args.rounds * 2, desc="rounds", unit="run") as bar:
-        rows = bench_fast_paths(model, tok, _source_lines(args.source), sizes, args.sentences, args.rounds,
-                                progress=bar)
-    print(f"\n{args.checkpoint} ({model.cfg.policy}, {args.dtype}, {args.threads} thread(s)), "
+    from models.benchmarks.host_overhead import bench_host_overhead
+    torch.set_num_threads(args.threads)   # CPU only; a GPU run keeps it for the host side
+    sizes = _sizes(args.batch_sizes, "--batch-sizes")
+    model, tok, device = _load(args.checkpoint, args.device, args.dtype)
+    lines = _source_lines(args.source)
+    where = f"{device}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
+    with tqdm(total=len(sizes) * args.rounds * 2, desc="fast vs plain", unit="run") as bar:
+        rows = bench_fast_paths(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar)
+    with tqdm(total=len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
+        host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar)
+    print(f"\n{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s)), "
           f"{rows[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")
     print("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |")
     print("|---:|---:|---:|---:|---:|:---:|")
     for r in rows:
         print(f"| {r['batch_size']} | {r['target_tokens']} | {r['fast_ms_per_token']:.2f} | "
               f"{r['plain_ms_per_token']:.2f} | {r['speedup']:.2f}x | {'yes' if r['identical'] else 'NO'} |")
-    out = {"step": rows}
+    cuda = device.type == "cuda"
+    print(f"\nhost overhead of the fast step: wall time (median of {args.rounds} rounds) against kernel time "
+          f"({'GPU activities' if cuda else 'CPU compute operators'}, one profiled round); "
+          "`simulserve bench step -h` defines each column")
+    print("| batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | reads/step | "
+          + ("memcpy/step | syncs/step | " if cuda else "") + "identical |")
+    print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cuda else "") + ":---:|")
+    for r in host:
+        extra = f"{r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | " if cuda else ""
+        ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
+        print(f"| {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | {r['kernel_ms_per_step']:.3f} | "
+              f"{ratio} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | {extra}"
+              f"{'yes' if r['identical'] else 'NO'} |")
+    out = {"device": str(device), "dtype": args.dtype, "step": rows, "host_overhead": host}
     if args.gemm:
         from models.benchmarks.engine import gemm_rates
         out["gemm"] = gemm_rates()
-        print(f"\nsingle linears, weight in cache, {args.threads} thread(s)")
+        print(f"\nsingle linears on the CPU, weight in cache, {args.threads} thread(s)")
         print("| dtype | packed | out × in | batch | µs | GFLOP/s |")
         print("|---|:---:|---|---:|---:|---:|")
         for r in out["gemm"]:
@@ -128,25 +189,26 @@ def run_engine(args) -> int:
     from tqdm import tqdm
 
     from models.benchmarks.engine import bench_engine
-    from models.checkpoint import load_checkpoint
+    from models.checkpoint import pick_device
     from models.errors import UserError
-    from models.shipped import resolve_checkpoint, shipped_checkpoints
+    from models.shipped import shipped_checkpoints
     from models.step import StreamingDecoder
     torch.set_num_threads(args.threads)
     names = args.checkpoint or list(shipped_checkpoints())
     if not names:
         raise UserError("no shipped models: pass --checkpoint DIR")
     lines = _source_lines(args.source)
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = _sizes(args.lengths, "--lengths")
+    pick_device(args.device)   # a bad --device fails before any model loads
     all_rows = []
     for name in names:
-        model, tok, _ = load_checkpoint(resolve_checkpoint(name))
+        model, tok, device = _load(name, args.device)
         dec = StreamingDecoder(model, tok)
         k = args.k if model.cfg.policy == "waitk" else None
         delta = args.delta if model.cfg.policy == "gma" else None
         with tqdm(total=len(lengths) * args.count, desc=str(name), unit="sent") as bar:
             rows = bench_engine(dec, lines, lengths, args.count, k=k, delta=delta, progress=bar)
-        print(f"\n{name} ({model.cfg.policy}, {args.threads} thread(s))")
+        print(f"\n{name} ({model.cfg.policy}, {device}, {args.threads} thread(s))")
         print("| words | target tokens | streaming ms/sentence | naive ms/sentence | speed-up | "
               "streaming ms/token | naive ms/token | identical |")
         print("|---:|---:|---:|---:|---:|---:|---:|:---:|")
@@ -157,7 +219,7 @@ def run_engine(args) -> int:
         growth = rows[-1]["stream_ms_per_token"] / rows[0]["stream_ms_per_token"]
         print(f"streaming compute per written token, {rows[-1]['words']} vs {rows[0]['words']} words: "
               f"{growth:.2f}x")
-        all_rows.append({"checkpoint": str(name), "policy": model.cfg.policy, "rows": rows,
+        all_rows.append({"checkpoint": str(name), "policy": model.cfg.policy, "device": str(device), "rows": rows,
                          "per_token_growth": growth})
     if args.json:
         with open(args.json, "w") as f:

@@ -128,10 +128,17 @@ def pick_dtype(requested: str | None, device: torch.device) -> torch.dtype:
 
 
 def pick_device(requested: str | None = None) -> torch.device:
-    """`auto` (default) picks CUDA when present, else CPU."""
+    """`auto` (default) picks CUDA when present, else CPU; a bad name or a missing device is a
+    CheckpointError (a message for the user, not a traceback)."""
     if requested in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(requested)
+    try:
+        dev = torch.device(requested)
+    except (RuntimeError, TypeError):
+        raise CheckpointError(f"unknown device {requested!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("CUDA was requested but no CUDA device is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise CheckpointError(f"no device {requested}: this machine has {torch.cuda.device_count()} CUDA "
+                              "device(s), cuda:0 first")
     return dev

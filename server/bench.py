@@ -45,7 +45,9 @@ def add_server_bench_args(p) -> None:
                                              "--no-batching (for the batching comparison)")
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
     p.add_argument("--server-threads", type=int, help="torch threads of the started server")
-    p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16)")
+    p.add_argument("--device", help="device of the started server (not with --url): auto (its default: cuda "
+                                    "when available, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16, float16 on CUDA)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
     p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
@@ -73,20 +75,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def server_command(args, port: int) -> list[str]:
+    """The `simulserve serve` command line of the server this benchmark starts."""
     cmd = [sys.executable, "-m", "clients.cli", "serve", f"bench={args.checkpoint}",
            f"bench_unbatched={args.checkpoint}", "--no-batching", "bench_unbatched", "--host", "127.0.0.1",
            "--port", str(port), "--max-streams", "100000", "--idle-timeout", "3600", "--log-level", "warning",
            "--max-connections-per-ip", "0"]   # every simulated speaker comes from 127.0.0.1
     if args.server_threads:
         cmd += ["--torch-threads", str(args.server_threads)]
+    if args.device:
+        cmd += ["--device", args.device]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
     if args.batch_window_ms is not None:
         cmd += ["--batch-window-ms", str(args.batch_window_ms)]
     if args.continuations is not None:
         cmd += ["--continuations", str(args.continuations)]
+    return cmd
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    from models.checkpoint import pick_device, pick_dtype
+    device = pick_device(args.device)   # a bad --device or --dtype fails here, not in the server's log
+    pick_dtype(args.dtype, device)
+    port = free_port()
+    cmd = server_command(args, port)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, cwd=root, env=env)
@@ -310,7 +323,12 @@ def load_sentences(args) -> list[list[str]]:
 
 # ---------------------------------------------------------------- the command
 def run_server_bench(args) -> int:
+    from models.errors import UserError
     proc = None
+    given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype)) if v]
+    if args.url and given:   # they set up the server this command starts; a running one has its own
+        verb = "apply" if len(given) > 1 else "applies"
+        raise UserError(f"{' and '.join(given)} {verb} to the server this command starts, not to --url")
     if not args.url:
         proc, args.url = start_server(args)
     try:

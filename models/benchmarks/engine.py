@@ -25,13 +25,14 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
     if cfg.policy == "gma" and delta is None:
         delta = cfg.default_delta
     words = sentence.split()
+    dev = model.embed.weight.device
     src, tgt, delays = [], [], []
     read, finished, enc = 0, False, None
     while True:
         avail = len(src) + finished
         if enc is None and (cfg.causal_encoder or finished):  # re-encode the whole prefix
-            ids = torch.tensor([src + [cfg.eos_id] * finished or [cfg.pad_id]])
-            enc = model.encode(ids, torch.tensor([max(avail, 1)]))
+            ids = torch.tensor([src + [cfg.eos_id] * finished or [cfg.pad_id]], device=dev)
+            enc = model.encode(ids, torch.tensor([max(avail, 1)], device=dev))
         must_read = not finished and (
             cfg.policy == "offline" or (cfg.policy == "waitk" and len(tgt) + k > avail))
         token = None
@@ -42,10 +43,10 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
             if len(tgt) >= cap:
                 token = cfg.eos_id
             else:
-                tgt_in = torch.tensor([[cfg.bos_id] + tgt])
-                kk = torch.tensor([k]) if k is not None else None
-                dd = torch.tensor([delta]) if delta is not None else None
-                logits, info = model.decode(tgt_in, enc[:, :max(avail, 1)], torch.tensor([avail]), kk, dd)
+                tgt_in = torch.tensor([[cfg.bos_id] + tgt], device=dev)
+                kk = torch.tensor([k], device=dev) if k is not None else None
+                dd = torch.tensor([delta], device=dev) if delta is not None else None
+                logits, info = model.decode(tgt_in, enc[:, :max(avail, 1)], torch.tensor([avail], device=dev), kk, dd)
                 needs = [int(n[0, -1]) for n in info["need"]]
                 if not finished and cfg.policy == "gma" and max(needs) > avail:
                     must_read = True

@@ -1,0 +1,201 @@
+"""`simulserve bench step`'s second table: the streaming step's wall time against its kernel time.
+
+A step that multiplies a few rows by each weight matrix spends much of its time on the host
+(Python, operator dispatch, small tensors built from Python lists, values read back); on a GPU
+every value read back also makes the host wait for the device. This module measures how much:
+
+- **step wall ms**: `time.perf_counter()` around every `StreamingDecoder.step` call of an
+  un-profiled `simulate` round (on CUDA with a `torch.cuda.synchronize()` before the clock
+  stops, so that no queued kernel escapes the step), mean over the round's steps, median of the
+  rounds;
+- **kernel ms per step**, from one `torch.profiler` round over the same sentences:
+  on CUDA, the time of every GPU activity (kernels, memcpy, memset) / steps;
+  on CPU, the self CPU time of the innermost compute operators / steps (`compute_op_time`);
+- **wall / kernel**: the host's share; 1 would mean the step is nothing but its kernels;
+- **uploads per step**: `aten::lift_fresh` events, i.e. tensors made from Python values
+  (`torch.tensor(list)`), each a host→device copy when the step runs on a GPU;
+- **reads per step**: `aten::_local_scalar_dense` (`item()`, `int(t)`, `float(t)`, `bool(t)`) +
+  `aten::nonzero` (boolean-mask indexing: the host must learn the result's size) + calls of
+  `Tensor.tolist()`/`.numpy()`/`.cpu()` (counted by a torch function mode, since on CPU the
+  profiler shows no operator for them): each a device→host read that waits for the device on
+  a GPU. Uploads and reads are counted the same way on every device, so a CPU run foretells
+  what a GPU run pays;
+- on CUDA also what the profiler sees directly: **memcpy per step** (host↔device copies on
+  the device, `Memcpy HtoD`/`Memcpy DtoH`) and **syncs per step** (`cudaStreamSynchronize`,
+  `cudaDeviceSynchronize`, `cudaEventSynchronize` calls).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from models.step import StreamingDecoder
+from models.translate import simulate
+
+# Operators that are not compute: reading values back, copies and conversions, indexing,
+# tensor creation and initialisation, views and metadata. Their time (and that of every
+# operator they call) is host overhead for `compute_op_time`.
+NON_COMPUTE = frozenset({
+    "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::nonzero_numpy",
+    "aten::to", "aten::_to_copy", "aten::copy_", "aten::clone", "aten::contiguous", "aten::lift_fresh",
+    "aten::detach", "aten::detach_", "aten::alias", "aten::arange", "aten::scalar_tensor",
+    "aten::fill_", "aten::zero_", "aten::resize_", "aten::view", "aten::_unsafe_view", "aten::view_as",
+    "aten::reshape", "aten::as_strided", "aten::as_strided_", "aten::select", "aten::slice", "aten::narrow",
+    "aten::expand", "aten::expand_as", "aten::unsqueeze", "aten::squeeze", "aten::permute",
+    "aten::transpose", "aten::t", "aten::split", "aten::chunk", "aten::unbind", "aten::flatten",
+    "aten::unflatten", "aten::resolve_conj", "aten::resolve_neg", "aten::dropout",
+})
+NON_COMPUTE_PREFIXES = ("aten::index", "aten::_index", "aten::empty", "aten::zeros", "aten::ones",
+                        "aten::full", "aten::new_")
+READ_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
+READ_METHODS = frozenset({"tolist", "numpy", "cpu"})
+CUDA_SYNCS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"})
+
+
+def is_compute(name: str) -> bool:
+    """An operator (aten::, mkldnn::, ...) that does arithmetic: not in NON_COMPUTE."""
+    return "::" in name and name not in NON_COMPUTE and not name.startswith(NON_COMPUTE_PREFIXES)
+
+
+class TimedDecoder(StreamingDecoder):
+    """The streaming decoder with a clock around every `step` call (the benchmark's, not the model's)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_seconds: list[float] = []
+        self.sync_each_step = self.device.type == "cuda"
+
+    def step(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = super().step(*args, **kwargs)
+        if self.sync_each_step:
+            torch.cuda.synchronize(self.device)
+        self.step_seconds.append(time.perf_counter() - t0)
+        return out
+
+
+class _CountReads(TorchFunctionMode):
+    """Counts Tensor.tolist()/numpy()/cpu() calls: device→host reads that the CPU profiler
+    shows no operator for."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in READ_METHODS:
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _nest(events) -> list[list]:
+    """Every CPU event of a profile as [name, end ns, self ns, lies under a non-compute operator,
+    calls a compute operator], the nesting rebuilt per thread from start and end times (much
+    cheaper than building the profiler's own event tree)."""
+    by_thread: dict[int, list] = {}
+    for e in events:
+        by_thread.setdefault(e.start_thread_id(), []).append((e.start_ns(), -e.duration_ns(), e.name()))
+    out = []
+    for rows in by_thread.values():
+        rows.sort()                 # parents first: earlier start, or the same start and longer
+        stack: list[list] = []      # the open events, innermost last
+        for start, neg_dur, name in rows:
+            end = start - neg_dur
+            while stack and stack[-1][1] <= start:
+                out.append(stack.pop())
+            blocked = False
+            if stack:
+                parent = stack[-1]
+                parent[2] -= end - start
+                parent[4] = parent[4] or is_compute(name)
+                blocked = parent[3] or ("::" in parent[0] and not is_compute(parent[0]))
+            stack.append([name, end, end - start, blocked, False])
+        out.extend(reversed(stack))
+    return out
+
+
+def compute_op_time(events) -> float:
+    """Seconds of CPU compute in a profile: the self time of every compute operator (`is_compute`)
+    that lies under no non-compute operator and calls no other compute operator (the innermost
+    one does the arithmetic; the wrappers above it only dispatch)."""
+    ns = sum(self_ns for name, _, self_ns, blocked, calls in _nest(events)
+             if is_compute(name) and not blocked and not calls)
+    return ns / 1e9
+
+
+def profile_traffic(fn, cuda: bool = False) -> dict:
+    """Run `fn()` once under torch.profiler (CPU, plus CUDA when `cuda`) and a read counter:
+    {"result": fn's return value, "kernel_s": device time on CUDA or CPU compute time
+    (`compute_op_time`), "uploads", "reads" and on CUDA "memcpy", "syncs"} (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    reads = _CountReads()
+    with profile(activities=activities) as prof, reads:
+        result = fn()
+    # the raw events: building the profiler's own event tree would take longer than the run
+    events = list(prof.profiler.kineto_results.events())
+    cpu_events = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
+    names = [e.name() for e in cpu_events]
+    out = {"result": result, "uploads": names.count("aten::lift_fresh"),
+           "reads": sum(names.count(n) for n in READ_OPS) + reads.reads}
+    if cuda:
+        device = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA
+                  and not e.is_user_annotation()]
+        out["kernel_s"] = sum(e.duration_ns() for e in device) / 1e9
+        out["memcpy"] = sum(e.name().startswith(("Memcpy HtoD", "Memcpy DtoH")) for e in device)
+        out["syncs"] = sum(n in CUDA_SYNCS for n in names)
+    else:
+        out["kernel_s"] = compute_op_time(cpu_events)
+    return out
+
+
+def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
+                        rounds: int = 3, max_words: int = 30, progress=None) -> list[dict]:
+    """Per batch size: the streaming step's mean wall time against its kernel time, and the
+    host↔device traffic per step (module docstring), over the first `sentences` source lines of
+    1-`max_words` words arriving word by word (as `bench_fast_paths` chooses them)."""
+    dec = TimedDecoder(model, tok)
+    cuda = dec.device.type == "cuda"
+    chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
+    if not chosen:
+        raise ValueError(f"no source line of 1-{max_words} words")
+
+    def outputs(results):
+        return [(r.target_tokens, r.token_delays, r.prediction) for r in results]
+    rows = []
+    for b in batch_sizes:
+        simulate(dec, chosen[:b], batch_size=b)   # first-call costs out of the timings
+        wall, timed = [], None
+        for _ in range(rounds):
+            dec.step_seconds = []
+            timed = outputs(simulate(dec, chosen, batch_size=b))
+            if not dec.step_seconds:   # the clock sits on step(); a loop that bypasses it measures nothing
+                raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
+            wall.append(statistics.mean(dec.step_seconds))
+            steps = len(dec.step_seconds)
+            if progress is not None:
+                progress.update(1)
+        dec.step_seconds, dec.sync_each_step = [], False   # the profile counts the step's own syncs only
+        try:
+            prof = profile_traffic(lambda: outputs(simulate(dec, chosen, batch_size=b)), cuda)
+        finally:
+            dec.sync_each_step = cuda
+        if progress is not None:
+            progress.update(1)
+        n = len(dec.step_seconds)
+        row = {"batch_size": b, "sentences": len(chosen), "target_tokens": sum(o[0] for o in prof["result"]),
+               "steps": n, "step_wall_ms": statistics.median(wall) * 1000,
+               "kernel_ms_per_step": prof["kernel_s"] * 1000 / n,
+               "uploads_per_step": prof["uploads"] / n, "reads_per_step": prof["reads"] / n,
+               "kernel_source": "cuda activities" if cuda else "cpu compute operators",
+               "identical": timed == prof["result"] and steps == n}
+        kernel = row["kernel_ms_per_step"]
+        row["wall_over_kernel"] = row["step_wall_ms"] / kernel if kernel > 0 else None
+        if cuda:
+            row["memcpy_per_step"] = prof["memcpy"] / n
+            row["syncs_per_step"] = prof["syncs"] / n
+        rows.append(row)
+    return rows

@@ -1,0 +1,198 @@
+"""`simulserve bench step`'s host-overhead table and the benchmarks' --device.
+
+The figures themselves are printed by the benchmark, never asserted; these tests hold what
+can fail: the compute rule of the CPU kernel time, the upload/read counts on code with a known
+number of each, that timing and profiling leave the outputs and the step count alone, and
+the real command line (its table, its JSON, its one-line errors).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import random_decoder
+
+from clients.cli import build_parser
+from models.benchmarks.host_overhead import TimedDecoder, bench_host_overhead, compute_op_time, profile_traffic
+from models.checkpoint import CheckpointError, pick_device, save_checkpoint
+from models.data.synthetic import make_pairs
+from models.step import StreamingDecoder
+from models.translate import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where no CUDA device exists")
+
+
+class FakeEvent:
+    """The four things compute_op_time reads of a profiler event."""
+
+    def __init__(self, name, start, end, thread=1):
+        self._n, self._s, self._d, self._t = name, start, end - start, thread
+
+    def name(self):
+        return self._n
+
+    def start_ns(self):
+        return self._s
+
+    def duration_ns(self):
+        return self._d
+
+    def start_thread_id(self):
+        return self._t
+
+
+def test_cpu_kernel_time_counts_the_innermost_compute_operators_only():
+    events = [
+        FakeEvent("aten::linear", 0, 100), FakeEvent("aten::t", 5, 10),          # a wrapper: only dispatch
+        FakeEvent("aten::addmm", 10, 90), FakeEvent("aten::empty", 12, 15),     # addmm: 80 - 3
+        FakeEvent("aten::max", 100, 150), FakeEvent("aten::empty", 101, 103),  # helpers only below: 50 - 4
+        FakeEvent("aten::fill_", 103, 105),
+        FakeEvent("aten::index", 200, 260), FakeEvent("aten::nonzero", 210, 220),
+        FakeEvent("aten::add", 230, 240),                                       # under indexing: not compute
+        FakeEvent("aten::item", 300, 310), FakeEvent("aten::_local_scalar_dense", 301, 309),
+        FakeEvent("mkldnn::_linear_pointwise", 400, 450),                       # 50
+        FakeEvent("cudaLaunchKernel", 460, 470),                                # not an operator
+        FakeEvent("aten::mul", 0, 30, thread=2),                                # another thread: 30
+    ]
+    assert compute_op_time(events) == pytest.approx((77 + 46 + 50 + 30) / 1e9)
+
+
+def test_uploads_and_reads_are_counted_on_code_with_a_known_number_of_each():
+    x, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
+
+    def work():
+        a = torch.tensor([1, 2, 3])              # 1 upload
+        b = x[mask]                              # 1 read (aten::nonzero)
+        c = int(b.sum())                         # 1 read (aten::_local_scalar_dense)
+        d = (x * 2).tolist()                     # 1 read (tolist: no operator on CPU)
+        return a, c, d
+
+    with torch.inference_mode():
+        out = profile_traffic(work)
+    assert out["result"][1] == 6 and out["result"][2] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert (out["uploads"], out["reads"]) == (1, 3)
+    assert out["kernel_s"] > 0 and "memcpy" not in out
+
+
+def test_timed_and_profiled_steps_compute_what_the_plain_decoder_does(word_tok):
+    """Counting each step call once (advance calls step), and changing no output."""
+    calls = []
+
+    class Counting(StreamingDecoder):
+        def step(self, states):
+            calls.append(len(states))
+            return super().step(states)
+
+    model = random_decoder(word_tok, "gma", seed=3).model
+    sentences = [s for s, _ in make_pairs(5, seed=8)]
+    plain = simulate(Counting(model, word_tok), sentences, batch_size=2)
+    timed = TimedDecoder(model, word_tok)
+    prof = profile_traffic(lambda: simulate(timed, sentences, batch_size=2))
+    assert len(timed.step_seconds) == len(calls) > 0 and all(t > 0 for t in timed.step_seconds)
+    assert [(r.prediction, r.token_delays) for r in prof["result"]] == [(r.prediction, r.token_delays)
+                                                                         for r in plain]
+
+
+def test_host_overhead_rows(word_tok):
+    dec = random_decoder(word_tok, "gma", seed=4)
+    sentences = [s for s, _ in make_pairs(6, seed=5)]
+    rows = bench_host_overhead(dec.model, word_tok, sentences, batch_sizes=(1, 3), sentences=4, rounds=2)
+    assert [r["batch_size"] for r in rows] == [1, 3]
+    plain = simulate(StreamingDecoder(dec.model, word_tok), sentences[:4])
+    for r in rows:
+        assert r["identical"] and r["sentences"] == 4 and r["steps"] > 0
+        assert r["target_tokens"] == sum(p.target_tokens for p in plain)
+        assert 0 < r["kernel_ms_per_step"] < r["step_wall_ms"]
+        assert r["wall_over_kernel"] == pytest.approx(r["step_wall_ms"] / r["kernel_ms_per_step"])
+        for key in ("uploads_per_step", "reads_per_step"):   # whole events per profiled round
+            total = r[key] * r["steps"]
+            assert total >= 0 and total == pytest.approx(round(total))
+        assert r["reads_per_step"] > 0   # the step reads its decisions back every time
+    assert rows[0]["steps"] > rows[1]["steps"]   # batching 3 streams per step needs fewer steps
+
+
+# ---------------------------------------------------------------- the real command line
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, word_tok):
+    d = tmp_path_factory.mktemp("bench_ckpt")
+    save_checkpoint(d / "gma", random_decoder(word_tok, "gma", seed=6).model, word_tok, dtype=None)
+    src = d / "source.txt"
+    src.write_text("\n".join(s for s, _ in make_pairs(4, seed=7)) + "\n")
+    return d / "gma", src
+
+
+def cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "clients.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+
+
+def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
+    ckpt, src = tiny_checkpoint
+    out = tmp_path / "step.json"
+    r = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src),
+            "--batch-sizes", "1,2", "--sentences", "2", "--rounds", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = lines.index("| batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | "
+                       "reads/step | identical |")
+    assert lines.index("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |") \
+        < head
+    body = lines[head + 2:head + 4]
+    assert [row.split("|")[1].strip() for row in body] == ["1", "2"] and all(row.endswith("| yes |") for row in body)
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" and [h["batch_size"] for h in data["host_overhead"]] == [1, 2]
+    assert all(h["kernel_source"] == "cpu compute operators" for h in data["host_overhead"])
+
+
+@NO_CUDA
+@pytest.mark.parametrize("what", ["step", "engine"])
+def test_bench_on_a_missing_gpu_is_a_one_line_error(what, tiny_checkpoint):
+    ckpt, src = tiny_checkpoint
+    r = cli("bench", what, "--device", "cuda", "--checkpoint", str(ckpt), "--source", str(src))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1] == \
+        "simulserve bench: error: CUDA was requested but no CUDA device is available"
+
+
+def test_bench_engine_runs_on_the_device_given(tiny_checkpoint, tmp_path):
+    ckpt, src = tiny_checkpoint
+    out = tmp_path / "engine.json"
+    r = cli("bench", "engine", "--device", "cpu", "-m", str(ckpt), "--source", str(src), "--lengths", "3,5",
+            "--count", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr   # 0: streaming and naive wrote the same tokens
+    (result,) = json.loads(out.read_text())
+    assert result["device"] == "cpu" and [row["words"] for row in result["rows"]] == [3, 5]
+
+
+def test_pick_device_names_bad_values():
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(CheckpointError, match="unknown device 'gpu'"):
+        pick_device("gpu")
+    with pytest.raises(CheckpointError, match="cuda:99|no CUDA device"):
+        pick_device("cuda:99")
+
+
+def test_bench_server_passes_device_and_dtype_to_the_server_it_starts():
+    from models.errors import UserError
+    from server.bench import run_server_bench, server_command, start_server
+    parse = build_parser(["bench"]).parse_args
+    args = parse(["bench", "server", "--checkpoint", "gma_delta1", "--device", "cpu", "--dtype", "bfloat16"])
+    cmd = server_command(args, 8123)
+    assert cmd[cmd.index("--device") + 1] == "cpu" and cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--port") + 1] == "8123"
+    served = build_parser(cmd[3:]).parse_args(cmd[3:])   # the real `simulserve serve` parser takes it
+    assert (served.command, served.device, served.dtype) == ("serve", "cpu", "bfloat16")
+    assert "--device" not in server_command(parse(["bench", "server"]), 8123)   # the server's own default
+    with pytest.raises(UserError, match="--device applies to the server this command starts"):
+        run_server_bench(parse(["bench", "server", "--url", "ws://127.0.0.1:9/v1/stream", "--device", "cpu"]))
+    if not torch.cuda.is_available():   # refused here, before any server process starts
+        with pytest.raises(CheckpointError, match="CUDA"):
+            start_server(parse(["bench", "server", "--device", "cuda"]))
