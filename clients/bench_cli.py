@@ -41,7 +41,8 @@ def register(sub) -> None:
                     "per batch size; then the step's wall time against its kernel time (the host overhead) "
                     "and its host<->device traffic.",
         epilog="examples:\n  simulserve bench step --gemm\n  simulserve bench step --dtype bfloat16\n"
-               "  simulserve bench step --device cuda --batch-sizes 1,8,32,128 --sentences 128\n\n"
+               "  simulserve bench step --device cuda --batch-sizes 1,8,32,128 --sentences 128\n"
+               "  simulserve bench step --paths host,sync-free,compiled --batch-sizes 1,8\n\n"
                "host overhead table (one profiled round per batch size, besides --rounds un-profiled ones):\n"
                "  step wall ms    perf_counter around each StreamingDecoder.step of the un-profiled rounds\n"
                "                  (CUDA: synchronised before the clock stops), mean per step, median of rounds\n"
@@ -70,6 +71,10 @@ def register(sub) -> None:
     st.add_argument("--threads", type=int, default=1, help="torch threads (CPU only)")
     st.add_argument("--device", default="auto", help=DEVICE_HELP)
     st.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA only)")
+    st.add_argument("--paths", default="default",
+                    help="step forms for the host overhead table, comma-separated: default (what serve runs "
+                         "here), host (CPU shortcuts), sync-free (the GPU form), static (sync-free, padded "
+                         "shapes), compiled (static + torch.compile; CUDA graphs on CUDA). Default: default")
     st.add_argument("--gemm", action="store_true",
                     help="also: GFLOP/s of single linears on the CPU (the matrix units' rate) in float32 and "
                          "bfloat16")
@@ -133,6 +138,17 @@ def _load(name: str, device_name: str, dtype_name: str | None = None):
     return model, tok, device
 
 
+def _paths(text: str) -> list[str]:
+    from models.benchmarks.host_overhead import STEP_PATHS
+    from models.errors import UserError
+    paths = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in paths if p not in STEP_PATHS]
+    if bad or not paths:
+        raise UserError(f"--paths: unknown step form(s) {', '.join(bad) or '(none given)'}; "
+                        f"choose from {', '.join(STEP_PATHS)}")
+    return paths
+
+
 def run_step(args) -> int:
     import torch
     from tqdm import tqdm
@@ -146,8 +162,10 @@ def run_step(args) -> int:
     where = f"{device}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
     with tqdm(total=len(sizes) * args.rounds * 2, desc="fast vs plain", unit="run") as bar:
         rows = bench_fast_paths(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar)
-    with tqdm(total=len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
-        host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar)
+    paths = _paths(args.paths)
+    with tqdm(total=len(paths) * len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
+        host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
+                                   paths=paths)
     print(f"\n{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s)), "
           f"{rows[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")
     print("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |")
@@ -159,15 +177,15 @@ def run_step(args) -> int:
     print(f"\nhost overhead of the fast step: wall time (median of {args.rounds} rounds) against kernel time "
           f"({'GPU activities' if cuda else 'CPU compute operators'}, one profiled round); "
           "`simulserve bench step -h` defines each column")
-    print("| batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | reads/step | "
-          + ("memcpy/step | syncs/step | " if cuda else "") + "identical |")
-    print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cuda else "") + ":---:|")
+    print("| step | batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | reads/step | "
+          + ("memcpy/step | syncs/step | " if cuda else "") + "identical | same as first |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cuda else "") + ":---:|:---:|")
     for r in host:
         extra = f"{r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | " if cuda else ""
         ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
-        print(f"| {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | {r['kernel_ms_per_step']:.3f} | "
-              f"{ratio} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | {extra}"
-              f"{'yes' if r['identical'] else 'NO'} |")
+        print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | "
+              f"{r['kernel_ms_per_step']:.3f} | {ratio} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
+              f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
     out = {"device": str(device), "dtype": args.dtype, "step": rows, "host_overhead": host}
     if args.gemm:
         from models.benchmarks.engine import gemm_rates

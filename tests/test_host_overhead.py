@@ -137,17 +137,26 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     ckpt, src = tiny_checkpoint
     out = tmp_path / "step.json"
     r = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src),
-            "--batch-sizes", "1,2", "--sentences", "2", "--rounds", "1", "--json", str(out))
+            "--batch-sizes", "1,2", "--sentences", "2", "--rounds", "1", "--json", str(out),
+            "--paths", "host,sync-free,static")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    head = lines.index("| batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | "
-                       "reads/step | identical |")
+    head = lines.index("| step | batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | "
+                       "reads/step | identical | same as first |")
     assert lines.index("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |") \
         < head
-    body = lines[head + 2:head + 4]
-    assert [row.split("|")[1].strip() for row in body] == ["1", "2"] and all(row.endswith("| yes |") for row in body)
+    body = lines[head + 2:head + 8]
+    assert [row.split("|")[1:3] for row in body] == [[f" {p} ", f" {b} "] for p in ("host", "sync-free", "static")
+                                                      for b in (1, 2)]
+    assert all(row.endswith("| yes | yes |") for row in body)
     data = json.loads(out.read_text())
-    assert data["device"] == "cpu" and [h["batch_size"] for h in data["host_overhead"]] == [1, 2]
+    rows = data["host_overhead"]
+    assert data["device"] == "cpu" and [h["batch_size"] for h in rows] == [1, 2] * 3
+    # the GPU form reads back once per step at most; the host form reads more (its shortcuts)
+    assert all(h["reads_per_step"] <= 1.0 for h in rows if h["path"] != "host")
+    assert all(h["uploads_per_step"] <= 1.0 for h in rows)
+    bad = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src), "--paths", "jit")
+    assert bad.returncode == 2 and "--paths: unknown step form(s) jit" in bad.stderr
     assert all(h["kernel_source"] == "cpu compute operators" for h in data["host_overhead"])
 
 

@@ -152,16 +152,40 @@ def profile_traffic(fn, cuda: bool = False) -> dict:
     return out
 
 
+# the forms of the step `bench step --paths` compares (StreamingDecoder settings)
+STEP_PATHS = {
+    "default": {},                                   # what serve/translate run on this device
+    "host": {"sync_free": False},                    # host shortcuts (early exit, masks): the CPU default
+    "sync-free": {"sync_free": True},                # the GPU form: one copy each way, no waits
+    "static": {"static_shapes": True},               # sync-free with padded batches and caches
+    "compiled": {"compiled": True},                  # static + torch.compile (CUDA graphs on CUDA)
+}
+
+
 def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
-                        rounds: int = 3, max_words: int = 30, progress=None) -> list[dict]:
-    """Per batch size: the streaming step's mean wall time against its kernel time, and the
-    host↔device traffic per step (module docstring), over the first `sentences` source lines of
-    1-`max_words` words arriving word by word (as `bench_fast_paths` chooses them)."""
-    dec = TimedDecoder(model, tok)
-    cuda = dec.device.type == "cuda"
+                        rounds: int = 3, max_words: int = 30, progress=None, paths=("default",)) -> list[dict]:
+    """Per step form (`STEP_PATHS`) and batch size: the streaming step's mean wall time against
+    its kernel time, and the host↔device traffic per step (module docstring), over the first
+    `sentences` source lines of 1-`max_words` words arriving word by word (as `bench_fast_paths`
+    chooses them). Every form must write the same as the first (`same_as_first`)."""
     chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
     if not chosen:
         raise ValueError(f"no source line of 1-{max_words} words")
+    rows, first = [], {}
+    for path in paths:
+        if path not in STEP_PATHS:
+            raise ValueError(f"unknown step path {path!r}: one of {', '.join(STEP_PATHS)}")
+        dec = TimedDecoder(model, tok, **STEP_PATHS[path])
+        for row in _bench_one(dec, chosen, batch_sizes, rounds, progress):
+            row["path"] = path
+            outs = row.pop("_outputs")
+            row["same_as_first"] = outs == first.setdefault(row["batch_size"], outs)
+            rows.append(row)
+    return rows
+
+
+def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int, progress) -> list[dict]:
+    cuda = dec.device.type == "cuda"
 
     def outputs(results):
         return [(r.target_tokens, r.token_delays, r.prediction) for r in results]
@@ -191,7 +215,7 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
                "kernel_ms_per_step": prof["kernel_s"] * 1000 / n,
                "uploads_per_step": prof["uploads"] / n, "reads_per_step": prof["reads"] / n,
                "kernel_source": "cuda activities" if cuda else "cpu compute operators",
-               "identical": timed == prof["result"] and steps == n}
+               "identical": timed == prof["result"] and steps == n, "_outputs": timed}
         kernel = row["kernel_ms_per_step"]
         row["wall_over_kernel"] = row["step_wall_ms"] / kernel if kernel > 0 else None
         if cuda:
