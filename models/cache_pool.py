@@ -66,11 +66,11 @@ class CachePool:
 
     def reset(self, slot: int, k: int | None = None, delta: float | None = None) -> None:
         """A new stream in `slot`: its policy values, zero sums and context (fills, no transfer)."""
-        self.state["k"][slot] = k or 0
-        self.state["delta"][slot] = delta or 0.0
+        self.state["k"][slot].fill_(k or 0)   # fill_ of a view: no tensor made from the Python value
+        self.state["delta"][slot].fill_(delta or 0.0)
         for name in ("running", "context"):
             if name in self.state:
-                self.state[name][slot] = 0
+                self.state[name][slot].zero_()
 
     @property
     def in_use(self) -> int:

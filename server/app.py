@@ -38,12 +38,12 @@ PLACEHOLDER = """<!doctype html><meta charset="utf-8"><title>simulserve</title>
 see <a href="/docs">/docs</a>, <a href="/v1/models">/v1/models</a>, <a href="/v1/protocol">/v1/protocol</a>.</p>"""
 
 
-def _load_decoder(path, device, dtype):
+def _load_decoder(path, device, dtype, step="eager"):
     """A checkpoint's streaming decoder, keeping only the inference copy of the weights."""
     from models.checkpoint import load_checkpoint
     from models.step import StreamingDecoder
     model, tok, _ = load_checkpoint(path, device, dtype)
-    decoder = StreamingDecoder(model, tok)
+    decoder = StreamingDecoder(model, tok, compiled=step == "compiled")
     decoder.release_model()   # a server never saves, moves or trains the model
     return decoder
 
@@ -72,7 +72,7 @@ class ServerState:
             dtype = pick_dtype(s.dtype, device)
             for name, path in self.checkpoints.items():
                 # loading and packing the weights is model work: off the event loop
-                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype)
+                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, self.settings.step)
                 eng = ModelEngine(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
                                   batch_window_ms=s.batch_window_ms, continuations=s.continuations,

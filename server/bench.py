@@ -48,6 +48,8 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--device", help="device of the started server (not with --url): auto (its default: cuda "
                                     "when available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16, float16 on CUDA)")
+    p.add_argument("--step", choices=("eager", "compiled"),
+                   help="decoder step of the started server (default eager; compiled: torch.compile)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
     p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
@@ -87,6 +89,8 @@ def server_command(args, port: int) -> list[str]:
         cmd += ["--device", args.device]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if args.step:
+        cmd += ["--step", args.step]
     if args.batch_window_ms is not None:
         cmd += ["--batch-window-ms", str(args.batch_window_ms)]
     if args.continuations is not None:
@@ -325,7 +329,7 @@ def load_sentences(args) -> list[list[str]]:
 def run_server_bench(args) -> int:
     from models.errors import UserError
     proc = None
-    given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype)) if v]
+    given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype), ("--step", args.step)) if v]
     if args.url and given:   # they set up the server this command starts; a running one has its own
         verb = "apply" if len(given) > 1 else "applies"
         raise UserError(f"{' and '.join(given)} {verb} to the server this command starts, not to --url")

@@ -33,6 +33,9 @@ class ServerSettings(BaseSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="inference precision: float32; bfloat16 (faster on CPUs with AVX512-BF16, "
                                "may change outputs); float16 (CUDA only)")
+    step: Literal["eager", "compiled"] = Field(
+        "eager", description="decoder step: eager; compiled = torch.compile with padded shapes (CUDA graphs on "
+                             "CUDA; each new shape compiles once, which takes seconds to minutes)")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (`serve` default: CPUs - 1)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
