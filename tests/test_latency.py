@@ -229,7 +229,10 @@ def test_simuleval_guards_agree_at_the_edges():
 
 def test_cw_scorer_registered_by_importing_agents():
     pytest.importorskip("simuleval")
-    import agents  # noqa: F401
+    import importlib
+
+    import agents
+    importlib.reload(agents)   # another test module may have imported it before simuleval was loaded
     from simuleval.evaluator.scorers import get_scorer_class
 
     scorer = get_scorer_class("latency", "CW")(use_ref_len=True)
