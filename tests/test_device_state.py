@@ -127,3 +127,24 @@ def test_cuda_graph_step_equals_cpu_eager(policy, trained_decoders):
         assert outputs(graphs, SENTENCES[:3], batch_size=1) == outputs(dec, SENTENCES[:3], batch_size=1)
     finally:
         dec.model.to("cpu")
+
+
+@pytest.mark.slow
+def test_server_with_the_compiled_step_streams_what_translate_writes(trained, trained_decoders):
+    """`simulserve serve --step compiled` (here the same setting in a real uvicorn server): three
+    concurrent streams (batched and padded) receive what simulate() writes for each alone."""
+    import asyncio
+
+    from test_server import LiveServer, assert_matches, sentence_messages, talk
+    sentences = SENTENCES[:4]
+    with LiveServer(models={"gma": str(trained["gma"])}, step="compiled", warmup=False, rate_limit=10000,
+                    rate_burst=10000) as srv:
+        async def main():
+            return await asyncio.gather(*[
+                talk(srv.url, [{"type": "start", "model": "gma", "delta": d}] + sentence_messages(sentences)
+                     + [{"type": "end_stream"}], timeout=600) for d in (0.5, 1.0, 2.0)])
+        results = asyncio.run(main())
+    for (received, code), d in zip(results, (0.5, 1.0, 2.0)):
+        assert code == 1000
+        ref = [simulate(trained_decoders["gma"], [s], batch_size=1, delta=d)[0] for s in sentences]
+        assert_matches(received, ref, f"delta {d}")
