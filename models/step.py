@@ -79,6 +79,11 @@ class StreamingDecoder:
             b *= 2
         return min(b, self.cfg.max_positions)
 
+    @property
+    def streams_in_cache(self) -> int:
+        """Cache slots held by streams (the static-shape scratch slot is not a stream's)."""
+        return self.pool.in_use - (self.scratch is not None)
+
     def release_model(self) -> None:
         """Forget the caller's model where the steps run a copy of it (a server never saves,
         moves or trains it), so that its weights can be freed; `model` then names the copy."""

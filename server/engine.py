@@ -244,7 +244,7 @@ class ModelEngine:
                 h.out.put_nowait(ev)
             if h.out.qsize() > self.max_output and h.kill is not None:
                 h.kill("slow_consumer")
-        m.cache_slots.labels(name).set(self.dec.pool.in_use)
+        m.cache_slots.labels(name).set(self.dec.streams_in_cache)
         m.cache_capacity.labels(name).set(self.dec.pool.capacity)
 
     # ---- executor (worker thread) ----------------------------------------------------

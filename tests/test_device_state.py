@@ -90,7 +90,7 @@ def test_padded_batches_and_cache_lengths_change_nothing(policy, trained_decoder
     assert padded.bucket(5) == 8 and padded.bucket(9) == 16 and padded.bucket(10 ** 6) == dec.cfg.max_positions
     for batch_size in (1, 3, 10):
         assert outputs(padded, SENTENCES, batch_size=batch_size) == outputs(dec, SENTENCES, batch_size=batch_size)
-    assert padded.pool.in_use == 1   # only the scratch slot: every stream gave its slot back
+    assert padded.pool.in_use == 1 and padded.streams_in_cache == 0   # only the scratch slot is held
 
 
 @pytest.mark.parametrize("name, policy", [("sact", "waitk"), ("phrase_queryk_int", "gma"),
