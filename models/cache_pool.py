@@ -133,8 +133,6 @@ class CachePool:
         the model only reads caches (its new keys come back to the caller, which writes
         them with `write`)."""
         t = self.tensors[name][:, :, :, : max(length, 1)]
-        if lone is None and slots.numel() == 1 and slots.device.type == "cpu":
-            lone = int(slots[0])   # free on the host; on a GPU it would synchronise
         if lone is not None:
             return [t[layer, lone:lone + 1] for layer in range(t.shape[0])]
         return [t[layer].index_select(0, slots) for layer in range(t.shape[0])]

@@ -167,7 +167,7 @@ class StreamingDecoder:
         upload = Upload()
         todo = self._plan_encode([states[i] for i in compute], upload)
         if batch:
-            self._plan_decode([states[i] for i in batch], upload)
+            lengths = self._plan_decode([states[i] for i in batch], upload)
         sent = upload.send(self.device)
         if todo:
             self._encode(todo, sent)
@@ -176,7 +176,7 @@ class StreamingDecoder:
             s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
             out[i] = self._write(s, s.queue.pop(0))
         if batch:
-            for i, o in zip(batch, self._decode([states[i] for i in batch], sent)):
+            for i, o in zip(batch, self._decode([states[i] for i in batch], sent, *lengths)):
                 out[i] = o
         return out
 
@@ -289,7 +289,7 @@ class StreamingDecoder:
         for s in todo:
             s.n_encoded = s.available
 
-    def _plan_decode(self, states: list[StreamState], upload: Upload) -> None:
+    def _plan_decode(self, states: list[StreamState], upload: Upload) -> tuple[int, int]:
         bos = self.cfg.bos_id
         rows = [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
                  s.available, int(s.source_finished)] for s in states]
@@ -299,8 +299,11 @@ class StreamingDecoder:
                 width *= 2
             rows += [[self.scratch, 0, bos, 1, 1]] * (width - len(rows))
         upload.add("dec_rows", rows, (len(rows), 5))
+        # the cache lengths the decoder gathers: the longest target and source of the batch
+        return self.bucket(max(r[1] for r in rows)), self.bucket(max(r[3] for r in rows))
 
-    def _decode(self, states: list[StreamState], sent: dict[str, torch.Tensor]) -> list[StepOutput]:
+    def _decode(self, states: list[StreamState], sent: dict[str, torch.Tensor], t_max: int,
+                a_max: int) -> list[StepOutput]:
         """One batched decoder trial. The per-stream numbers the model alone uses (k, δ, GMA's
         sums, a variant's context) stay in the pool's slot-indexed state; what comes back to
         the host is one (B, 3) copy: READ or not, the source it needs, the token."""
@@ -308,8 +311,6 @@ class StreamingDecoder:
         slots, t, prev, avail, finished = sent["dec_rows"].unbind(1)
         finished = finished.bool()
         lone = states[0].slot if len(states) == 1 else None
-        t_max = self.bucket(max(len(s.target_tokens) for s in states))
-        a_max = self.bucket(max(s.available for s in states))
         k = delta = running = mask_caches = contexts = None
         if cfg.attention == "waitk":
             k = state["k"].index_select(0, slots)

@@ -273,8 +273,9 @@ def test_protocol_limits_errors_and_warnings_match():
     assert warnings == set(protocol.WARNINGS), "warning codes: docs vs server/protocol.py WARNINGS"
 
 
-def rows_with_header(first_header: str) -> list[list[str]]:
-    lines = PROTOCOL.read_text(encoding="utf-8").splitlines()
+def rows_with_header(first_header: str, page=PROTOCOL) -> list[list[str]]:
+    """The body rows of the markdown table on `page` whose header starts with `first_header`."""
+    lines = page.read_text(encoding="utf-8").splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("| " + first_header))
     rows = []
     while i < len(lines) and lines[i].startswith("|"):
@@ -342,23 +343,13 @@ def test_no_arguments_lists_every_subcommand_without_importing_them():
 
 
 # ---------------------------------------------------------------- the README's figures and examples
-def readme_table(first_header: str) -> list[list[str]]:
-    lines = README.read_text(encoding="utf-8").splitlines()
-    i = next(i for i, line in enumerate(lines) if line.startswith("| " + first_header))
-    rows = []
-    while i < len(lines) and lines[i].startswith("|"):
-        rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
-        i += 1
-    return rows[2:]
-
-
 def test_readme_model_table_matches_the_results():
     """Each BLEU / AL cell of the README's model table equals docs/results/results.csv (rounded)."""
     import csv
     rows = list(csv.DictReader(open(ROOT / "docs" / "results" / "results.csv", encoding="utf-8")))
     setting_of = {"δ = 1": "delta=1", "δ = 2": "delta=2", "k = 3": "k=3", "k = 5": "k=5",
                   "greedy": "offline", "beam 5": "offline beam=5"}
-    table = readme_table("model | policy, setting")
+    table = rows_with_header("model | policy, setting", README)
     assert len(table) >= 6
     for model, setting, *cells in table:
         model = first_code(model)
@@ -373,7 +364,7 @@ def test_readme_translations_are_what_the_shipped_model_writes():
     from models.shipped import resolve_checkpoint
     from models.step import StreamingDecoder
     from models.translate import simulate
-    rows = readme_table("German | English (gma_delta1)")
+    rows = rows_with_header("German | English (gma_delta1)", README)
     model, tok, _ = load_checkpoint(resolve_checkpoint("gma_delta1"))
     got = simulate(StreamingDecoder(model, tok), [de for de, _ in rows], batch_size=8)
     assert [r.prediction for r in got] == [en for _, en in rows]
