@@ -82,7 +82,9 @@ def read_pairs(root: Path) -> list[Pair]:
     for de_name, en_name in KEYED:
         if (locale / de_name).exists() and (locale / en_name).exists():
             de, en = read_keyed(locale / de_name), read_keyed(locale / en_name)
-            entries += [(en[k], de[k], key_group(k)) for k in de.keys() & en.keys()]
+            # the German file's order: a set intersection would make the output depend on
+            # PYTHONHASHSEED, and with it the splits
+            entries += [(en[k], de[k], key_group(k)) for k in de if k in en]
     if not entries:
         raise ValueError("no Hedgewars locale files under %s" % locale)
     group_of = {(en, de): group for en, de, group in entries}

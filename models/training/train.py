@@ -220,7 +220,7 @@ class Trainer:
                 opt_steps[i] = float(st["step"])
         save_file(opt_tensors or {"empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
         save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        meta = {"step": self.step, "epoch": self.epoch, "position": self.position,
+        meta = {"step": self.step, "epoch": self.epoch, "position": self.position, "init_steps": self.init_steps,
                 "opt_steps": opt_steps, "model": self.cfg.to_dict(), "train": asdict(self.tc)}
         (tmp / "state.json").write_text(json.dumps(meta, indent=1))
         if d.exists():
@@ -238,7 +238,8 @@ class Trainer:
         if not (d / "state.json").is_file():
             return False
         meta = json.loads((d / "state.json").read_text())
-        if meta["model"] != self.cfg.to_dict():
+        # through ModelConfig, so a state saved before a field existed (filled by its default) still resumes
+        if ModelConfig.from_dict(meta["model"]) != self.cfg:
             raise UserError(f"{d}: saved model config differs from this run's; use another output directory")
         self.model.load_state_dict(load_file(str(d / "model.safetensors"), device=str(self.device)))
         opt = load_file(str(d / "optimizer.safetensors"), device=str(self.device))
@@ -248,6 +249,8 @@ class Trainer:
                                      "exp_avg": opt[f"{i}.exp_avg"], "exp_avg_sq": opt[f"{i}.exp_avg_sq"]}
         torch.set_rng_state(load_file(str(d / "rng.safetensors"))["torch"])
         self.step, self.epoch, self.position = meta["step"], meta["epoch"], meta["position"]
+        # init_from may hold other weights by now (a fine-tune's result copied over what it started from)
+        self.init_steps = meta.get("init_steps", self.init_steps)
         return True
 
     # ---- the loop --------------------------------------------------------------
