@@ -81,6 +81,33 @@ def test_snapshots_keep_the_weights_of_their_update(word_tok, tmp_path):
     assert (tuned["steps"], tuned["init_steps"]) == (10, 20)
 
 
+def test_resumed_fine_tune_keeps_its_start_and_older_states_resume(word_tok, tmp_path):
+    """init_steps comes from the saved state, not from whatever init_from holds at resume time (a
+    fine-tune's result may have been copied over the checkpoint it started from); a state saved before
+    a model-config field existed resumes (the field takes its default), a really different one refuses."""
+    from models.checkpoint import load_checkpoint
+    from models.errors import UserError
+    run(word_tok, tmp_path / "base", "gma", max_steps=20, max_epochs=10, snapshot_every=20)
+    start = tmp_path / "base" / "snapshots" / "step000020"
+    run(word_tok, tmp_path / "tuned", "gma", max_steps=4, max_epochs=10, init_from=str(start))
+    # the starting checkpoint is replaced by one with another update count
+    run(word_tok, tmp_path / "other", "gma", max_steps=7, max_epochs=10, snapshot_every=7)
+    for f in (tmp_path / "other" / "snapshots" / "step000007").iterdir():
+        (start / f.name).write_bytes(f.read_bytes())
+    state = tmp_path / "tuned" / "train_state" / "state.json"
+    meta = json.loads(state.read_text())
+    del meta["model"]["variant"]                      # as written before `variant` existed
+    state.write_text(json.dumps(meta))
+    resumed, result = run(word_tok, tmp_path / "tuned", "gma", max_steps=8, max_epochs=10, init_from=str(start))
+    assert resumed.resumed and result["step"] == 8
+    _, _, info = load_checkpoint(tmp_path / "tuned" / "checkpoint")
+    assert (info["steps"], info["init_steps"]) == (8, 20)
+    meta["model"]["d_ffn"] += 1
+    state.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="differs"):
+        run(word_tok, tmp_path / "tuned", "gma", max_steps=9, max_epochs=10, init_from=str(start))
+
+
 def test_average_weights_is_the_mean(tmp_path):
     save_file({"w": torch.tensor([1.0, 2.0])}, str(tmp_path / "a.safetensors"))
     save_file({"w": torch.tensor([3.0, 6.0])}, str(tmp_path / "b.safetensors"))
