@@ -359,15 +359,25 @@ def test_readme_model_table_matches_the_results():
             assert cell == f"{float(row['BLEU']):.2f} / {float(row['AL']):.2f}", (model, setting, set_name)
 
 
-def test_readme_translations_are_what_the_shipped_model_writes():
+# the README's example table: one column per shipped policy, each with the setting a user gets by default
+EXAMPLE_COLUMNS = {"GMA δ=1 (`gma_delta1`)": ("gma_delta1", {}), "wait-k k=3 (`waitk`)": ("waitk", {"k": 3}),
+                   "offline (`offline`)": ("offline", {})}
+
+
+def test_readme_translations_are_what_the_shipped_models_write():
     from models.checkpoint import load_checkpoint
     from models.shipped import resolve_checkpoint
     from models.step import StreamingDecoder
     from models.translate import simulate
-    rows = rows_with_header("German | English (gma_delta1)", README)
-    model, tok, _ = load_checkpoint(resolve_checkpoint("gma_delta1"))
-    got = simulate(StreamingDecoder(model, tok), [de for de, _ in rows], batch_size=8)
-    assert [r.prediction for r in got] == [en for _, en in rows]
+    lines = README.read_text(encoding="utf-8").splitlines()
+    header = [c.strip() for c in next(line for line in lines if line.startswith("| German |")).strip("|").split("|")]
+    assert header[1:] == list(EXAMPLE_COLUMNS), header
+    rows = rows_with_header("German |", README)
+    assert len(rows) >= 6
+    for column, (name, setting) in enumerate(EXAMPLE_COLUMNS.values(), start=1):
+        model, tok, _ = load_checkpoint(resolve_checkpoint(name))
+        got = simulate(StreamingDecoder(model, tok), [row[0] for row in rows], batch_size=8, **setting)
+        assert [r.prediction for r in got] == [row[column] for row in rows], name
 
 
 def test_models_import_nothing_above_them():
