@@ -319,7 +319,8 @@ def markdown_tables(rows: list[dict], sets: list[dict]) -> str:
     return "\n".join(out)
 
 
-def write_outputs(out: Path, rows: list[dict], sets: list[TestSet], meta: dict) -> list[Path]:
+def write_outputs(out: Path, rows: list[dict], meta: dict) -> list[Path]:
+    """results.json, results.csv and one BLEU-AL plot per set in meta (after --append: the earlier sets too)."""
     from agents.plots import bleu_latency_plot
 
     out.mkdir(parents=True, exist_ok=True)
@@ -331,12 +332,12 @@ def write_outputs(out: Path, rows: list[dict], sets: list[TestSet], meta: dict) 
         for r in rows:
             w.writerow(flat(r))
     pngs = []
-    for ts in sets:
+    for ts in meta["sets"]:
         pts = [{"label": r["label"], "policy": r["policy"], "setting": r["setting"].replace("delta=", "δ="),
                 "BLEU": r["BLEU"], "AL": r["simuleval"]["AL"], "paper_AL": r["paper"]["AL"]}
-               for r in rows if r["set"] == ts.name]
-        pngs.append(bleu_latency_plot(pts, out / f"bleu_al.{ts.name}.png",
-                                      title=f"{ts.name} ({len(ts.sources)} sentences)"))
+               for r in rows if r["set"] == ts["name"]]
+        pngs.append(bleu_latency_plot(pts, out / f"bleu_al.{ts['name']}.png",
+                                      title=f"{ts['name']} ({ts['sentences']} sentences)"))
     return pngs
 
 
@@ -484,7 +485,7 @@ def run(args) -> int:
     }
     if args.append:
         rows, meta = merge_previous(out / "results.json", rows, meta)
-    pngs = write_outputs(out, rows, sets, meta)
+    pngs = write_outputs(out, rows, meta)
     if not args.quiet:
         print(format_table(rows, not args.no_use_ref_len))
         print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, "

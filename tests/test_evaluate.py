@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from clients.cli import main
 from models.metrics.latency import corpus_scores, paper_convention_scores, sentence_scores
@@ -179,6 +182,19 @@ def test_evaluate_append_equals_one_run(trained, tmp_path):
     # other scoring options cannot be merged
     assert main(["evaluate", "-m", waitk, "-o", str(tmp_path / "two"), "--append", "--no-use-ref-len",
                  *common]) == 2
+    # the same parts run side by side into their own directories, merged by recipes/merge_results.py
+    assert main(["evaluate", "-m", gma, "-o", str(tmp_path / "partA"), *common]) == 0
+    assert main(["evaluate", "-m", waitk, "--k", "1,3", "-o", str(tmp_path / "partB"), *common]) == 0
+    r = subprocess.run([sys.executable, str(ROOT / "recipes" / "merge_results.py"), str(tmp_path / "merged"),
+                        str(tmp_path / "partA"), str(tmp_path / "partB")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())["results"]
+    assert sorted(map(key, merged)) == sorted(map(key, one))
+    for r1, r2 in zip(sorted(one, key=key), sorted(merged, key=key)):
+        assert (r1["BLEU"], r1["simuleval"], r1["paper"]) == (r2["BLEU"], r2["simuleval"], r2["paper"])
+    outputs = sorted(p.name for p in (tmp_path / "merged" / "outputs").rglob("*.jsonl"))
+    assert outputs == sorted(p.name for p in (tmp_path / "one" / "outputs").rglob("*.jsonl")) and len(outputs) == 3
+    assert (tmp_path / "merged" / "results.csv").read_text().count("\n") == 4   # header + 3 rows
 
 
 # ------------------------------------------------------------- bad input
