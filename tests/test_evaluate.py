@@ -286,3 +286,20 @@ def test_plot_alignment_bad_layer(trained, tmp_path, capsys):
                  "--output", str(tmp_path / "x.png")])
     assert code == 2
     assert "--layer 7: the model has 2 decoder layers" in capsys.readouterr().err
+
+
+def test_gma_init_table_interpolates_the_waitk_curve_at_matched_al():
+    """recipes/gma_init/table.py: the wait-k curve's BLEU at a GMA point's AL, linear between neighbours."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gma_init_table", ROOT / "recipes" / "gma_init" / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+
+    def result(policy, setting, al, bleu, label):
+        return {"set": "test.everyday", "policy": policy, "setting": setting, "label": label, "BLEU": bleu,
+                "simuleval": {"AL": al}}
+    results = [result("waitk", "k=1", 2.0, 10.0, "D"), result("waitk", "k=3", 4.0, 20.0, "D"),
+               result("gma", "delta=1", 3.0, 16.0, "A"), result("gma", "delta=2", 5.0, 30.0, "A")]
+    rows = table.rows(results)
+    assert [(r["setting"], r["waitk_BLEU"], r["delta"]) for r in rows] == [("delta=1", 15.0, 1.0),
+                                                                           ("delta=2", None, None)]

@@ -227,3 +227,36 @@ def test_learning_curves_recipe_evaluates_every_snapshot(word_tok, tmp_path):
     assert all(r["set"] == "valid.syn" and r["sentences"] == 4 for r in rows)
     assert rows[0]["delta"] == 1.0 and "delta" not in rows[-1]
     assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_delta_curriculum_schedule_and_validation():
+    from models.errors import UserError
+    from models.training.train import check_delta_curriculum, curriculum_delta
+    assert [curriculum_delta(s, [4.0, 6], 1.0) for s in (0, 3, 6, 100)] == [4.0, 2.5, 1.0, 1.0]
+    assert curriculum_delta(0, None, 2.0) == 2.0
+    with pytest.raises(UserError, match="GMA"):
+        check_delta_curriculum([4.0, 10], "waitk")
+    for bad in ([0.0, 10], [3.0, 0], [3.0], "4"):
+        with pytest.raises(UserError, match="delta_curriculum"):
+            check_delta_curriculum(bad, "gma")
+
+
+def test_delta_curriculum_trains_gma_with_the_scheduled_window(word_tok, tmp_path, monkeypatch):
+    """The logged δ falls from δ_start to the model's δ, and a wider δ really changes the loss (the
+    window reaches the model): the curriculum run's weights differ from a run without one."""
+    from models.training.train import batch_loss
+    monkeypatch.setattr(train_module, "LOG_EVERY", 2)
+    trainer, _ = run(word_tok, tmp_path / "cur", "gma", max_steps=8, max_epochs=10, delta_curriculum=[5.0, 6])
+    deltas = [json.loads(line)["delta"] for line in (tmp_path / "cur" / "updates.jsonl").read_text().splitlines()]
+    assert deltas == pytest.approx([5.0 - 4.0 * s / 6 for s in (1, 3, 5)] + [1.0], abs=1e-4)
+    run(word_tok, tmp_path / "plain", "gma", max_steps=8, max_epochs=10)
+    a = load_file(str(tmp_path / "cur" / "train_state" / "model.safetensors"))
+    b = load_file(str(tmp_path / "plain" / "train_state" / "model.safetensors"))
+    assert any(not torch.equal(a[n], b[n]) for n in a)
+    from models.training.data_loading import collate
+    model = trainer.model.eval()
+    batch = collate(trainer.train_ex, list(range(8)), model.cfg.pad_id, model.cfg.bos_id, model.cfg.eos_id, "cpu")
+    with torch.no_grad():
+        narrow, _ = batch_loss(model, batch, model.cfg, None, 0.0, 1.0)
+        wide, _ = batch_loss(model, batch, model.cfg, None, 0.0, 50.0)
+    assert not torch.isclose(narrow, wide)

@@ -55,6 +55,9 @@ class TrainConfig:
     seed: int = 1
     init_from: str | None = None      # fine-tune from this checkpoint directory
     oversample: dict = field(default_factory=dict)  # {source: n}: train.SOURCE n times in all
+    # GMA δ curriculum [δ_start, N]: train with a wider window first, δ_start -> the model's default_delta
+    # linearly over this run's first N updates (issue 13); None: the model's δ throughout
+    delta_curriculum: list | None = None
     threads: int | None = None
     device: str = "auto"
     extra: dict = field(default_factory=dict)
@@ -81,11 +84,36 @@ def inverse_sqrt_lr(step: int, lr: float, warmup: int) -> float:
     return lr * min(step / warmup, math.sqrt(warmup / step))
 
 
-def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float):
+def curriculum_delta(step: int, curriculum: list | None, final: float) -> float:
+    """GMA's training δ at this run's update `step` (0-based): δ_start -> `final` linearly over N updates."""
+    if not curriculum:
+        return float(final)
+    start, n = float(curriculum[0]), int(curriculum[1])
+    return float(final) if step >= n else start + (float(final) - start) * step / n
+
+
+def check_delta_curriculum(curriculum, attention: str) -> None:
+    if curriculum is None:
+        return
+    if attention != "gma":
+        raise UserError(f"delta_curriculum is for GMA models; this recipe trains {attention!r} attention")
+    ok = isinstance(curriculum, (list, tuple)) and len(curriculum) == 2
+    if not ok or not float(curriculum[0]) > 0 or int(curriculum[1]) < 1:
+        raise UserError(f"delta_curriculum must be [δ_start > 0, updates >= 1], got {curriculum!r}")
+
+
+def train_delta(cfg: ModelConfig, b: int, device, delta: float | None) -> torch.Tensor | None:
+    """The (b,) δ of a GMA training batch: `delta` (a curriculum's) or the model's default."""
+    if cfg.attention != "gma":
+        return None
+    return torch.full((b,), float(cfg.default_delta if delta is None else delta), device=device)
+
+
+def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta: float | None = None):
     src, src_len, tgt_in, tgt_out = batch
     b = src.shape[0]
     kk = torch.full((b,), k, device=src.device) if k is not None else None
-    delta = torch.full((b,), float(cfg.default_delta), device=src.device) if cfg.attention == "gma" else None
+    delta = train_delta(cfg, b, src.device, delta)
     logits = model(src, src_len, tgt_in, kk, delta)
     ntok = int((tgt_out != cfg.pad_id).sum())
     loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt_out.view(-1),
@@ -98,7 +126,8 @@ def is_mask_parameter(name: str) -> bool:
     return ".calib.q_m." in name or ".calib.k_m." in name
 
 
-def calibration_losses(model, batch, cfg: ModelConfig, k: int | None, smoothing: float):
+def calibration_losses(model, batch, cfg: ModelConfig, k: int | None, smoothing: float,
+                       delta: float | None = None):
     """Attention calibration (Lu et al. 2021), both passes of one batch.
 
     Pass A (a^comb): L_NMT, the summed label-smoothed CE. Pass B (a^p, the attention
@@ -108,7 +137,7 @@ def calibration_losses(model, batch, cfg: ModelConfig, k: int | None, smoothing:
     src, src_len, tgt_in, tgt_out = batch
     b = src.shape[0]
     kk = torch.full((b,), k, device=src.device) if k is not None else None
-    delta = torch.full((b,), float(cfg.default_delta), device=src.device) if cfg.attention == "gma" else None
+    delta = train_delta(cfg, b, src.device, delta)
     ntok = int((tgt_out != cfg.pad_id).sum())
 
     def ce(logits):
@@ -167,6 +196,7 @@ class Trainer:
         mcfg = dict(tc.model, vocab_size=self.tok.vocab_size, src_lang=tc.src_lang, tgt_lang=tc.tgt_lang,
                     **self.tok.special_ids)
         self.cfg = ModelConfig.from_dict(mcfg)
+        check_delta_curriculum(tc.delta_curriculum, self.cfg.attention)
         if train_pairs is None:
             train_pairs = read_parallel(data / "train", tc.src_lang, tc.tgt_lang)
             valid_pairs = read_parallel(data / "valid", tc.src_lang, tc.tgt_lang)
@@ -297,12 +327,14 @@ class Trainer:
                     for g in self.opt.param_groups:
                         g["lr"] = lr
                     set_update_step(self.model, self.step - 1)  # γ(s) of calibration's anneal: s = updates done
+                    delta = curriculum_delta(self.step - 1, tc.delta_curriculum, cfg.default_delta)
                     calibrating = cfg.variant.kind == "calibration"
                     with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                         if calibrating:
-                            loss, ntok, loss_m = calibration_losses(self.net, batch, cfg, k, tc.label_smoothing)
+                            loss, ntok, loss_m = calibration_losses(self.net, batch, cfg, k, tc.label_smoothing,
+                                                                    delta)
                         else:
-                            loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing)
+                            loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing, delta)
                     self.opt.zero_grad(set_to_none=True)
                     if calibrating:  # the two losses' gradients kept apart (mask vs everything else)
                         calibration_backward(self.model, loss, ntok, loss_m, self.scaler.scale)
@@ -320,8 +352,11 @@ class Trainer:
                         self.snapshot()
                     if self.step % LOG_EVERY == 0:
                         # the mean of the last LOG_EVERY updates: a learning curve that survives restarts
-                        self._log_updates({"step": self.step, "loss": round(win_loss / max(win_tok, 1), 4),
-                                           "lr": lr, "tokens": win_tok, "epoch": self.epoch + 1})
+                        window = {"step": self.step, "loss": round(win_loss / max(win_tok, 1), 4),
+                                  "lr": lr, "tokens": win_tok, "epoch": self.epoch + 1}
+                        if tc.delta_curriculum:
+                            window["delta"] = round(delta, 4)   # the δ of this window's last update
+                        self._log_updates(window)
                         bar.set_postfix(loss=f"{win_loss / max(win_tok, 1):.3f}", lr=f"{lr:.2e}", step=self.step)
                         win_loss, win_tok = 0.0, 0
                     minutes = (time.monotonic() - start) / 60

@@ -1,0 +1,65 @@
+"""GMA arms against wait-k's curve at matched AL (issue 13, part 3), from `simulserve evaluate` results.
+
+    python recipes/gma_init/table.py runs/gma_init/eval_{ab,c,d}/results.json
+
+For every test set and every GMA point (arm, δ): its BLEU and AL (SimulEval convention), and the BLEU
+of the wait-k curve at the same AL, linearly interpolated between the two wait-k points around it
+("–" outside the curve's AL range). Δ > 0: the GMA point lies above wait-k's curve.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+ORDER = ["everyday", "dialogue", "bible", "ddtp", "libreoffice"]
+
+
+def load(paths: list[str]) -> list[dict]:
+    return [r for path in paths for r in json.load(open(path, encoding="utf-8"))["results"]]
+
+
+def curve_bleu_at(curve: list[tuple[float, float]], al: float) -> float | None:
+    """BLEU of a (AL, BLEU) curve at `al`, linear between neighbours; None outside its range."""
+    curve = sorted(curve)
+    for (a0, b0), (a1, b1) in zip(curve, curve[1:]):
+        if a0 <= al <= a1:
+            return b0 if a1 == a0 else b0 + (b1 - b0) * (al - a0) / (a1 - a0)
+    return None
+
+
+def rows(results: list[dict]) -> list[dict]:
+    """One row per GMA point: set, arm, setting, BLEU, AL, the wait-k curve's BLEU there, Δ."""
+    sets = [s for s in ORDER if any(r["set"] == "test." + s for r in results)]
+    sets += sorted({r["set"][5:] for r in results} - set(sets))
+    out = []
+    for s in sets:
+        here = [r for r in results if r["set"] == "test." + s]
+        curve = [(r["simuleval"]["AL"], r["BLEU"]) for r in here if r["policy"] == "waitk"]
+        for r in here:
+            if r["policy"] != "gma":
+                continue
+            al, bleu = r["simuleval"]["AL"], r["BLEU"]
+            ref = curve_bleu_at(curve, al)
+            out.append({"set": s, "arm": r["label"], "setting": r["setting"], "BLEU": bleu, "AL": al,
+                        "waitk_BLEU": ref, "delta": None if ref is None else bleu - ref})
+    return out
+
+
+def main(argv: list[str]) -> None:
+    table = rows(load(argv))
+    print("| set | GMA arm | setting | BLEU | AL | wait-k BLEU at that AL | Δ |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in table:
+        ref = "–" if r["waitk_BLEU"] is None else f"{r['waitk_BLEU']:.2f}"
+        d = "–" if r["delta"] is None else f"{r['delta']:+.2f}"
+        print(f"| {r['set']} | {r['arm']} | {r['setting']} | {r['BLEU']:.2f} | {r['AL']:.2f} | {ref} | {d} |")
+    print()
+    for arm in dict.fromkeys(r["arm"] for r in table):
+        mine = [r for r in table if r["arm"] == arm and r["delta"] is not None]
+        above = sum(r["delta"] > 0 for r in mine)
+        mean = sum(r["delta"] for r in mine) / len(mine) if mine else float("nan")
+        print(f"{arm}: above wait-k's curve at {above} of {len(mine)} matched points, mean Δ {mean:+.2f} BLEU")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
