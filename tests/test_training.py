@@ -260,3 +260,35 @@ def test_delta_curriculum_trains_gma_with_the_scheduled_window(word_tok, tmp_pat
         narrow, _ = batch_loss(model, batch, model.cfg, None, 0.0, 1.0)
         wide, _ = batch_loss(model, batch, model.cfg, None, 0.0, 50.0)
     assert not torch.isclose(narrow, wide)
+
+
+def test_recipe_gpu_section_applies_only_on_a_gpu(tmp_path):
+    """A recipe's `gpu:` settings are used when the run trains on a GPU (auto with CUDA, or cuda asked
+    for), never on the CPU; the command line wins over both; a bad section is a clear error."""
+    from models.errors import UserError
+    from models.training.train import load_train_config
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("output: out\nmodel: {attention: gma}\nmax_tokens: 2048\nlr: 0.0005\n"
+                      "gpu:\n  max_tokens: 16384\n  lr: 0.001\n")
+    assert load_train_config(recipe, cuda_available=False).max_tokens == 2048
+    on_gpu = load_train_config(recipe, cuda_available=True)
+    assert (on_gpu.max_tokens, on_gpu.lr) == (16384, 0.001)
+    assert load_train_config(recipe, {"device": "cpu"}, cuda_available=True).max_tokens == 2048
+    assert load_train_config(recipe, {"device": "cuda:1"}, cuda_available=False).max_tokens == 16384
+    assert load_train_config(recipe, {"max_tokens": 999}, cuda_available=True).max_tokens == 999
+    recipe.write_text("output: out\nmodel: {}\ngpu:\n  max_tokenz: 1\n")
+    with pytest.raises(UserError, match="max_tokenz"):
+        load_train_config(recipe, cuda_available=False)
+    recipe.write_text("output: out\nmodel: {}\ngpu: 3\n")
+    with pytest.raises(UserError, match="gpu"):
+        load_train_config(recipe, cuda_available=False)
+
+
+def test_shipped_recipes_load_on_cpu_and_gpu():
+    """Every recipe in recipes/ is a valid config both ways (its gpu: section included)."""
+    from models.training.train import load_train_config
+    recipes = sorted((ROOT / "recipes").rglob("*.yaml"))
+    assert len(recipes) >= 8
+    for path in recipes:
+        for cuda in (False, True):
+            load_train_config(path, cuda_available=cuda)

@@ -63,16 +63,34 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
-def load_train_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
+def trains_on_gpu(device: str | None, cuda_available: bool) -> bool:
+    """Whether a run asked to train on `device` (auto, cpu, cuda, cuda:N) will run on a GPU."""
+    device = device or "auto"
+    return device.startswith("cuda") or (device == "auto" and cuda_available)
+
+
+def load_train_config(path: str | Path, overrides: dict | None = None,
+                      cuda_available: bool | None = None) -> TrainConfig:
+    """A recipe's settings. Its optional `gpu:` mapping overrides them when the run trains on a GPU
+    (larger batches, another schedule: training uses what is at hand); `overrides` (the command
+    line) win over both."""
     import yaml
     raw = yaml.safe_load(Path(path).read_text())
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a training config must be a mapping")
-    raw.update(overrides or {})
+    gpu = raw.pop("gpu", None) or {}
+    if not isinstance(gpu, dict):
+        raise UserError(f"{path}: `gpu:` must be a mapping of settings used on a GPU")
+    overrides = overrides or {}
     known = TrainConfig.__dataclass_fields__
-    unknown = sorted(set(raw) - set(known))
+    unknown = sorted((set(raw) | set(gpu)) - set(known))
     if unknown:
         raise UserError(f"{path}: unknown training config keys {unknown}")
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if trains_on_gpu(overrides.get("device", raw.get("device")), cuda_available):
+        raw.update(gpu)
+    raw.update(overrides)
     return TrainConfig(**raw)
 
 
