@@ -19,8 +19,8 @@ The C4Group format, as found in those files:
   int32 Size, int32 unused, int32 Offset (from the end of the entry table),
   then 35 bytes of flags and padding.
 - A member with ChildGroup = 1 is itself a group, stored without gzip: its
-  body starts with its own scrambled header (Objects.ocd nests six deep; 829
-  groups in all).
+  body starts with its own scrambled header (829 groups in all; Objects.ocd
+  has child groups five levels deep).
 
 String tables are StringTblDE.txt / StringTblUS.txt (451 pairs of files) and,
 in System.ocg only, the engine's LanguageDE.txt / LanguageUS.txt: `Key=Text`

@@ -16,7 +16,7 @@ ich eine Eintrittskarte" + "für den Musikwettbewerb kriegen kann?"); a string
 that ends without punctuation is joined with the next when it ends on an
 article, preposition or pronoun, a hyphen, or (five words or more) the next
 starts in lower case, in either language (on the real file: a 6-string letter
-and a title in part 1, three dialogue choices in part 2).
+and a title in part 1, three dialogue lines in part 2).
 Joining both sides at the same indices keeps them aligned.
 
 Split unit: a part's strings in blocks of BLOCK consecutive ids. The ids follow
@@ -27,9 +27,9 @@ needing the engine's id names, which the file does not carry.
 drascula.dat (The Legend of Drascula) is not used. It holds 15 sections of
 6 languages (EN, ES, DE, FR, IT, RU), each a uint16 BE count and, per language,
 a uint16 BE byte length and records (uint16 BE record length, NUL-padded text).
-Of its 747 translated German/English pairs (744 distinct), 664 have German in
+Of its 753 translated German/English pairs (750 distinct), 664 have German in
 capitals with umlauts written as lower-case "ae"/"oe"/"ue" ("KoeNNTE") and
-79 are mixed case with umlauts spelled out ("zweitgroesste Tuer"); 743 English
+89 are mixed case with umlauts spelled out ("zweitgroesste Tuer"); 743 English
 sides are in capitals. The umlauts of the capitalised lines could be restored
 (the lower-case digraph marks them), but German noun capitals (and Sie/sie)
 and English proper names cannot be recovered without a lexicon and context,
