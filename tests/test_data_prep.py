@@ -256,6 +256,39 @@ def test_near_duplicates_of_test_sentences_leave_train():
     assert [p.de for p in splits["train"]["user"]] == ["Das Haus"]
 
 
+def test_a_late_source_changes_no_older_valid_or_test_file(built, tmp_path):
+    """openclonk sorts before wesnoth and shares sentences with it and with bible;
+    adding it must leave the older sources' valid/test files byte for byte as they
+    were (the shipped models' test sets), and may only take pairs from their train."""
+    older = {"bible": [Pair("Und Gott sprach.", "And God said.", "=valid:b"),
+                       Pair("Das Licht war gut.", "The light was good.", "=test:b"),
+                       Pair("Der Himmel und die Erde.", "The heaven and the earth.", "b1")],
+             "wesnoth": [Pair("Haltet das Tor!", "Hold the gate!", "=test:w"),
+                         Pair("Wir können nicht gewinnen.", "We cannot win.", "=valid:w"),
+                         Pair("Überquert den Fluss.", "Cross the river.", "w1")]}
+    late = [Pair("Und Gott sprach!", "And God spoke!", "=test:o"),            # bible's valid German
+            Pair("Haltet das Tor!", "Hold the gate!", "o1"),                   # wesnoth's test pair
+            Pair("Wir können nicht gewinnen", "We can't win", "=valid:o"),     # wesnoth's valid German
+            Pair("Überquert den Fluss!", "Cross the river!", "=test:o"),       # wesnoth's train German
+            Pair("Die Kiste ist leer.", "The chest is empty.", "=test:o")]
+    assert "openclonk" in prepare.LATE_SOURCES and "openclonk" < "wesnoth"
+    spm = built[0] / "spm.model"
+    before, after = tmp_path / "before", tmp_path / "after"
+    prepare.build(older, before, vocab_from=spm)
+    prepare.build({**older, "openclonk": late}, after, vocab_from=spm)
+    for split in ("valid", "test"):
+        for source in ("bible", "wesnoth"):
+            for lang in ("de", "en"):
+                name = "%s.%s.%s" % (split, source, lang)
+                assert (after / name).read_bytes() == (before / name).read_bytes(), name
+        old_joint = (before / (split + ".de")).read_text()
+        assert (after / (split + ".de")).read_text().startswith(old_joint)   # late lines appended
+    assert lines(after / "test.openclonk.de") == ["Überquert den Fluss!", "Die Kiste ist leer."]
+    assert lines(after / "valid.openclonk.de") == []
+    assert "Überquert den Fluss." not in lines(after / "train.wesnoth.de")    # train may lose pairs
+    assert "Haltet das Tor!" not in lines(after / "train.openclonk.de")
+
+
 def test_deterministic_with_seed(raw, built, tmp_path):
     out, _ = built
     prepare.build(corpus_from(raw), tmp_path, seed=7, eval_size=20, vocab_size=80,

@@ -8,8 +8,11 @@ packages.
 """
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import random
+import struct
 import tarfile
 import zipfile
 from pathlib import Path
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from clients.cli import main
-from models.data import auf_deutsch, fetch, freedroid, hedgewars, keyflow, prepare, wesnoth
+from models.data import auf_deutsch, fetch, freedroid, hedgewars, keyflow, openclonk, prepare, scummvm, wesnoth
 from models.data.gettext_mo import locate, read_mo, write_mo
 from models.data.normalize import has_placeholder
 from models.training.data_loading import oversampled
@@ -182,6 +185,8 @@ def downloads(tmp_path_factory) -> Path:
     (d / "deb").mkdir()
     make_deb(d / "deb" / "freedroidrpg-data_1.0-1_all.deb", freedroid_files(tmp))
     make_deb(d / "deb" / "hedgewars-data_1.0.2-6_all.deb", hedgewars_files())
+    make_deb(d / "deb" / "openclonk-data_8.1-3_all.deb", openclonk_files())
+    make_deb(d / "deb" / "scummvm-data_2.7.0+dfsg-1_all.deb", scummvm_files())
     for campaign in wesnoth.CAMPAIGNS:   # every campaign package, two with German catalogs
         files = wesnoth_files(tmp, campaign) if campaign in ("httt", "trow") else {
             "usr/share/doc/wesnoth-1.16-%s/copyright" % campaign: b"License: GPL-2+\n"}
@@ -193,6 +198,11 @@ def unpacked(downloads: Path, tmp: Path, module, debs: list[str]) -> Path:
     for name in debs:
         fetch.extract_deb(next((downloads / "deb").glob(name + "_*.deb")), tmp, module.wanted)
     return tmp
+
+
+@pytest.fixture
+def openclonk_root(downloads, tmp_path) -> Path:
+    return unpacked(downloads, tmp_path, openclonk, ["openclonk-data"])
 
 
 # --- formats ----------------------------------------------------------------
@@ -377,3 +387,226 @@ def test_trainer_reads_the_oversampled_mix(built, tmp_path):
         tc = TrainConfig(output=str(tmp_path / name), model=model, data=str(out), oversample=weights)
         sizes[name] = len(Trainer(tc, progress=False).train_ex)
     assert sizes["mixed"] - sizes["plain"] == 3 * manifest["counts"]["auf-deutsch"]["train"] > 0
+
+
+# --- OpenClonk: string tables inside C4Group archives --------------------------
+class BuiltGroup(bytes):
+    """A child group's bytes, made beforehand (e.g. broken on purpose)."""
+
+
+def c4group(members: dict) -> bytes:
+    """An uncompressed C4Group: {name: bytes, or a dict or BuiltGroup for a child group}."""
+    entries, bodies, offset = [], [], 0
+    for name, body in members.items():
+        child = isinstance(body, (dict, BuiltGroup))
+        data = c4group(body) if isinstance(body, dict) else body
+        entry = name.encode().ljust(260, b"\0") + struct.pack("<iiiii", 0, int(child), len(data), 0, offset)
+        entries.append(entry.ljust(openclonk.ENTRY_SIZE, b"\0"))
+        bodies.append(data)
+        offset += len(data)
+    header = (openclonk.GROUP_ID.ljust(28, b"\0") + struct.pack("<iii", 1, 2, len(members))).ljust(204, b"\0")
+    return openclonk.unscramble(header) + b"".join(entries) + b"".join(bodies)   # scrambling is its own inverse
+
+
+def c4group_file(members: dict) -> bytes:
+    """A group file as shipped: gzip with the magic 1f 8b turned into 1e 8c."""
+    return openclonk.MAGIC + gzip.compress(c4group(members), mtime=0)[2:]
+
+
+def table(lines: list[str], encoding: str = "utf-8") -> bytes:
+    return ("\n".join(lines) + "\n").encode(encoding)
+
+
+OPENCLONK_COPYRIGHT = (b"License:\n\n   The OpenClonk engine is licensed under the terms of the ISC license:\n"
+                       b"   OpenClonk includes a copy of timsort which is licensed under the terms\n"
+                       b"   of the MIT license:\n   Some files belonging to the game content are licensed under the\n"
+                       b"   Creative Commons Attribution 3.0 license[1] or the Creative Commons\n"
+                       b"   CC0 (public domain) license[2].\n"
+                       b"is licensed under the GPL, see\n`/usr/share/common-licenses/GPL'.\n")
+
+
+def openclonk_files() -> dict[str, bytes]:
+    shovel = {"DefCore.txt": b"[DefCore]\nid=Shovel\n",
+              "StringTblDE.txt": table(["Name=Schaufel", "Description=Zum Graben.|Hält ewig."]),
+              "StringTblUS.txt": table(["Name=Shovel", "Description=For digging.|Lasts forever."]),
+              "Blade.ocd": {"DefCore.txt": b"[DefCore]\n",                       # a sub-definition
+                            "StringTblDE.txt": table(["Name=Schaufelblatt"]),
+                            "StringTblUS.txt": table(["Name=Shovel blade"])}}
+    raid = {"System.ocg": {"StringTblDE.txt": table(["# Dialog", "Lisa1=Wir werden angegriffen. Immer wieder.",
+                                                     "Lisa2=<c ff0000>Lauf!</c>", "Mave1=Fülle einen Eimer{{Bucket}} mit Erde.",
+                                                     "MsgGold=Du hast %d Gold.", "OnlyDE=Nur auf Deutsch"]),
+                           "StringTblUS.txt": table(["# dialogue", "Lisa1=We're being attacked. Over and over again.",
+                                                     "Lisa2=<c ff0000>Run!</c>", "Mave1=Fill a bucket{{Bucket}} with earth.",
+                                                     "MsgGold=You have %d gold."])},
+            "Gem.ocd": {"DefCore.txt": b"[DefCore]\n", "StringTblDE.txt": table(["Name=Edelstein"]),
+                        "StringTblUS.txt": table(["Name=Gem"])},
+            "Script.c": b"func Initialize() {}\n"}
+    system = {"LanguageDE.txt": b"\xef\xbb\xbf" + table(["IDS_BTN_ENDROUND=Runde &beenden", "IDS_BTN_OK=OK"]),
+              "LanguageUS.txt": table(["IDS_BTN_ENDROUND=&End game", "IDS_BTN_OK=OK"]),
+              "StringTblDE.txt": table(["Tip=Gärten wachsen langsam."], "cp1252"),     # the old encoding
+              "StringTblUS.txt": table(["Tip=Gardens grow slowly."])}
+    game = openclonk.GAME
+    return {game + "/Objects.ocd": c4group_file({"Items.ocd": {"Tools.ocd": {"Shovel.ocd": shovel}}}),
+            game + "/Missions.ocf": c4group_file({"Raid.ocs": raid}),
+            game + "/System.ocg": c4group_file(system),
+            game + "/Sound.ocg": c4group_file({"StringTblDE.txt": table(["X=Nie"]), "StringTblUS.txt": table(["X=Never"])}),
+            game + "/Music.ocg/Song.ogg": b"OggS" + b"0" * 100,
+            "usr/share/doc/openclonk-data/copyright": OPENCLONK_COPYRIGHT}
+
+
+def test_openclonk_header_scrambling_matches_the_real_files():
+    # the first 24 bytes of System.ocg's decompressed header in openclonk-data 8.1-3
+    real = bytes.fromhex("8988bf8182baa9cd8b849e88cd838a9d9faa8182ab9f8889")
+    assert openclonk.unscramble(real) == b"RedWolf Design GrpFolder"
+
+
+def test_openclonk_tables_paired_by_key_and_grouped_by_scenario_or_object(openclonk_root):
+    assert not (openclonk_root / openclonk.GAME / "Sound.ocg").exists()        # no tables there: left packed
+    assert not (openclonk_root / openclonk.GAME / "Music.ocg").exists()
+    got = {(p.de, p.en): p.group for p in openclonk.read_pairs(openclonk_root)}
+    shovel = "Objects.ocd/Items.ocd/Tools.ocd/Shovel.ocd"
+    assert got == {
+        ("Schaufel", "Shovel"): shovel, ("Zum Graben.", "For digging."): shovel,
+        ("Hält ewig.", "Lasts forever."): shovel,
+        ("Schaufelblatt", "Shovel blade"): shovel,                       # the outermost definition
+        ("Wir werden angegriffen.", "We're being attacked."): "Missions.ocf/Raid.ocs",
+        ("Immer wieder.", "Over and over again."): "Missions.ocf/Raid.ocs",
+        ("Lauf!", "Run!"): "Missions.ocf/Raid.ocs",                      # colour tags gone
+        ("Fülle einen Eimer mit Erde.", "Fill a bucket with earth."): "Missions.ocf/Raid.ocs",   # icon gone
+        ("Edelstein", "Gem"): "Missions.ocf/Raid.ocs",                   # a scenario's own object
+        ("Runde beenden", "End game"): "System.ocg",                     # accelerator marks gone
+        ("Gärten wachsen langsam.", "Gardens grow slowly."): "System.ocg",
+    }                                       # placeholders, untranslated and German-only keys dropped
+
+
+def test_openclonk_licences_from_the_free_form_copyright(openclonk_root):
+    assert fetch.deb_licences(openclonk_root, "openclonk-data") == []     # no License: names in it
+    assert openclonk.copyright_licences(openclonk_root, "openclonk-data") == [
+        "ISC", "MIT", "CC-BY-3.0", "CC0-1.0", "GPL"]
+
+
+@pytest.mark.parametrize("body,message", [
+    (b"PK\x03\x04 a zip", r"Broken\.ocd: not an OpenClonk group file \(starts with 50 4b"),
+    (openclonk.MAGIC + gzip.compress(random.Random(0).randbytes(5000))[2:2000], r"Broken\.ocd: broken compressed group"),
+    (openclonk.MAGIC + gzip.compress(b"\0" * 300)[2:], r"Broken\.ocd: not a C4Group"),
+])
+def test_openclonk_malformed_group_file_names_the_file(tmp_path, body, message):
+    (tmp_path / openclonk.GAME).mkdir(parents=True)
+    (tmp_path / openclonk.GAME / "Broken.ocd").write_bytes(body)
+    with pytest.raises(UserError, match=message):
+        openclonk.read_pairs(tmp_path)
+
+
+def test_openclonk_entry_outside_its_group_names_the_inner_group(tmp_path):
+    inner = bytearray(c4group({"Intro.txt": b"", "StringTblDE.txt": b"A=B\n"}))
+    struct.pack_into("<i", inner, 204 + 316 + 268, 10 ** 6)               # entry 1's Size: past the end
+    (tmp_path / openclonk.GAME).mkdir(parents=True)
+    (tmp_path / openclonk.GAME / "Missions.ocf").write_bytes(
+        openclonk.MAGIC + gzip.compress(c4group({"Raid.ocs": BuiltGroup(inner)}))[2:])
+    with pytest.raises(UserError, match=r"Missions\.ocf/Raid\.ocs: entry 1 \('StringTblDE\.txt'\) lies outside"):
+        openclonk.read_pairs(tmp_path)
+
+
+# --- ScummVM: Mission Supernova's TEXT blocks -------------------------------------
+def supernova_dat(parts: dict[int, list[tuple[bytes, str, bytes]]]) -> bytes:
+    out = b"MSN\x04"
+    for part, blocks in parts.items():
+        body = b"".join(tag + lang.encode().ljust(4, b"\0") + struct.pack("<I", len(data)) + data
+                        for tag, lang, data in blocks)
+        out += bytes([part]) + struct.pack("<I", len(body)) + body
+    return out
+
+
+def text_block(strings: list[str]) -> bytes:
+    return "".join(s + "\0" for s in strings).encode("cp437")
+
+
+SUPERNOVA = [  # (German, English) in string-id order
+    ("Gehe", "Go"), ("Gehe zu ", "Go to "), (" an ", " to "), ("Öffne", "Open"),
+    ("Das Schicksal", "The fate of"), ("des Horst Hummel", "Horst Hummel"),      # a title cut in two
+    ("Tastatur", "Keyboard"), ("langes Kabel mit Stecker", "long cable with plug"),  # two objects
+    ("Hier ist %s.", "This is %s."), ("Das ist verschlossen.|Schade.", "This is locked.|Too bad."),
+    ("^Aber:#", "^But:#"), ("Die Werbe-", "The advertising"), ("kampagne läuft gut.", "campaign is going well."),
+] + [("Kiste Nummer %d" % i, "Chest number %d" % i) for i in range(13, 22)] + [
+    ("Können Sie mir sagen, von wem ich eine Eintrittskarte", "Can you tell me who can get me a ticket for"),
+    ("für den Musikwettbewerb kriegen kann?", "the music contest?"),
+    ("Schließe", "Close"),
+]
+
+
+def supernova_bytes() -> bytes:
+    de, en = [d for d, _ in SUPERNOVA], [e for _, e in SUPERNOVA]
+    return supernova_dat({1: [(b"TEXT", "de", text_block(de)), (b"IMG1", "en", b"\xff" * 64),
+                              (b"TEXT", "en", text_block(en)), (b"TEXT", "it", text_block(["Vai"] * len(de)))],
+                          2: [(b"TEXT", "de", text_block(["Nur Deutsch"]))]})   # no English: skipped
+
+
+def scummvm_files() -> dict[str, bytes]:
+    return {scummvm.SUPERNOVA: supernova_bytes(),
+            scummvm.DATA + "/drascula.dat": b"DRASCULA\x06\x00",                # left out (docstring)
+            scummvm.DATA + "/fonts.dat": b"\0" * 1000,
+            "usr/share/doc/scummvm-data/copyright": COPYRIGHT}
+
+
+def test_supernova_pairs_by_index_with_cut_lines_joined(downloads, tmp_path):
+    root = unpacked(downloads, tmp_path, scummvm, ["scummvm-data"])
+    assert not (root / scummvm.DATA / "drascula.dat").exists() and not (root / scummvm.DATA / "fonts.dat").exists()
+    got = [(p.de, p.en, p.group) for p in scummvm.read_pairs(root)]
+    g0, g1 = "supernova1:000", "supernova1:001"
+    assert got == [
+        ("Gehe", "Go", g0), ("Gehe zu", "Go to", g0), ("Öffne", "Open", g0),      # " an ": a spliced piece
+        ("Das Schicksal des Horst Hummel", "The fate of Horst Hummel", g0),
+        ("Tastatur", "Keyboard", g0), ("langes Kabel mit Stecker", "long cable with plug", g0),
+        ("Das ist verschlossen.", "This is locked.", g0), ("Schade.", "Too bad.", g0),   # `|` a line break
+        ("Aber:", "But:", g0),                                                    # credits markup gone
+        ("Die Werbekampagne läuft gut.", "The advertising campaign is going well.", g0),
+    ] + [("Kiste Nummer %d" % i, "Chest number %d" % i, g0 if i < 20 else g1) for i in range(13, 22)] + [
+        ("Können Sie mir sagen, von wem ich eine Eintrittskarte für den Musikwettbewerb kriegen kann?",
+         "Can you tell me who can get me a ticket for the music contest?", g1),
+        ("Schließe", "Close", g1),
+    ]
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"DRASCULA\x06\x00", r"bad\.dat: not a supernova\.dat"),
+    (b"MSN\x04\x01" + struct.pack("<I", 1000) + b"TEXT", r"bad\.dat: part 1 claims 1000 bytes"),
+    (supernova_dat({1: [(b"TEXT", "de", b"a\0")]}) + b"\0", r"bad\.dat: truncated part header at byte 23"),
+    (b"MSN\x04\x01" + struct.pack("<I", 20) + b"TEXTde\0\0" + struct.pack("<I", 99) + b"abcdefgh",
+     r"bad\.dat: TEXT block \(de\) in part 1 runs past its part"),
+])
+def test_supernova_malformed_file_names_the_file(tmp_path, data, message):
+    (tmp_path / "bad.dat").write_bytes(data)
+    with pytest.raises(UserError, match=message):
+        scummvm.read_supernova(tmp_path / "bad.dat")
+
+
+def test_supernova_languages_of_unequal_length_are_an_error(tmp_path):
+    path = tmp_path / scummvm.SUPERNOVA
+    path.parent.mkdir(parents=True)
+    path.write_bytes(supernova_dat({1: [(b"TEXT", "de", text_block(["Ja", "Nein"])),
+                                        (b"TEXT", "en", text_block(["Yes"]))]}))
+    with pytest.raises(UserError, match=r"supernova\.dat: part 1 has 2 German but 1 English strings"):
+        scummvm.read_pairs(tmp_path)
+
+
+def test_late_sources_in_the_default_but_not_in_the_dialogue_set():
+    from models.data.cli import DEFAULT_SOURCES
+    assert {"openclonk", "scummvm"} <= set(DEFAULT_SOURCES) and "keyflow" not in DEFAULT_SOURCES
+    assert set(prepare.LATE_SOURCES) == {"openclonk", "scummvm"}
+    assert not set(prepare.LATE_SOURCES) & {m for ms in prepare.EVAL_SETS.values() for m in ms}
+
+
+def test_command_writes_own_test_sets_for_the_game_sources(downloads, tmp_path):
+    out = tmp_path / "de-en"
+    assert main(["prepare-data", "--sources", "hedgewars,openclonk,scummvm", "--out", str(out),
+                 "--download-dir", str(downloads), "--vocab-size", "60", "--eval-size", "3"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["packages"]["openclonk-data"] == {"version": "8.1-3", "licence": "ISC, MIT, CC-BY-3.0, CC0-1.0, GPL"}
+    assert manifest["packages"]["scummvm-data"] == {"version": "2.7.0+dfsg-1", "licence": "GPL-2+, CC0-1.0"}
+    assert manifest["eval_sets"] == {"dialogue": ["hedgewars"]}
+    for split in ("valid", "test"):
+        assert lines(out / f"{split}.dialogue.de") == lines(out / f"{split}.hedgewars.de")
+    for source in ("openclonk", "scummvm"):
+        counts = manifest["counts"][source]
+        assert counts["test"] > 0 and sum(counts.values()) > 5
+        assert len(lines(out / f"test.{source}.de")) == counts["test"] == len(lines(out / f"test.{source}.en"))

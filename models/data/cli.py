@@ -5,10 +5,12 @@ import argparse
 import time
 from pathlib import Path
 
-from . import Pair, auf_deutsch, bible, ddtp, fetch, freedroid, hedgewars, keyflow, libreoffice, prepare, wesnoth
+from . import (Pair, auf_deutsch, bible, ddtp, fetch, freedroid, hedgewars, keyflow, libreoffice, openclonk,
+               prepare, scummvm, wesnoth)
 from .prepare import EVAL_SETS
 
-SOURCES = ("bible", "libreoffice", "ddtp", "auf-deutsch", "freedroid", "hedgewars", "wesnoth", "keyflow")
+SOURCES = ("bible", "libreoffice", "ddtp", "auf-deutsch", "freedroid", "hedgewars", "wesnoth", "openclonk",
+           "scummvm", "keyflow")
 # keyflow-typing declares no licence, so it is only used when asked for
 DEFAULT_SOURCES = tuple(s for s in SOURCES if s != "keyflow")
 
@@ -156,8 +158,10 @@ def _deb_source(module, name: str, need_all: bool = True):
             return None
         root = fetch.unpack_debs(debs, downloads / name, module.wanted)
         for pkg, deb in debs.items():
+            # a free-form copyright file without licence fields: the module reads its text
+            names = fetch.deb_licences(root, pkg) or getattr(module, "copyright_licences", lambda r, p: [])(root, pkg)
             packages[pkg] = {"version": fetch.deb_version(deb),
-                             "licence": ", ".join(fetch.deb_licences(root, pkg)) or "see its copyright file"}
+                             "licence": ", ".join(names) or "see its copyright file"}
         return module.read_pairs(root)
     return read
 
@@ -170,6 +174,8 @@ _SOURCE_READERS = {
     "hedgewars": _deb_source(hedgewars, "hedgewars"),
     # a missing campaign package costs only its own lines
     "wesnoth": _deb_source(wesnoth, "wesnoth", need_all=False),
+    "openclonk": _deb_source(openclonk, "openclonk"),
+    "scummvm": _deb_source(scummvm, "scummvm"),
 }
 
 

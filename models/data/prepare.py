@@ -25,6 +25,17 @@ FORMAT = 1
 FORCED = ("=valid", "=test")   # group names that pin pairs to a split (user's own dev/test files)
 # evaluation sets that pool several sources' valid/test pairs (VALID|TEST.NAME.de/en)
 EVAL_SETS = {"everyday": ("auf-deutsch",), "dialogue": ("freedroid", "hedgewars", "wesnoth")}
+# Sources added after the shipped models' valid/test sets were fixed. They are
+# deduplicated and held out after all the others (see `source_order`), so adding
+# them removes pairs from no older source's valid or test set, only from train.
+LATE_SOURCES = ("openclonk", "scummvm")
+
+
+def source_order(sources) -> list[str]:
+    """Sorted names, the late sources last: the order in which sources claim
+    pairs (the cross-source duplicate filter keeps a pair in the first source,
+    and a German sentence held out for an earlier source leaves a later one)."""
+    return sorted(sources, key=lambda s: (s in LATE_SOURCES, s))
 
 
 def filter_pairs(pairs: list[Pair], seen: set[tuple[str, str]]) -> tuple[list[Pair], Counter]:
@@ -79,15 +90,20 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
     in valid or test (compared by `leak_key`), whichever source it came from.
     """
     out: dict[str, dict[str, list[Pair]]] = {s: {} for s in SPLITS}
-    for source in sorted(corpus):
+    for source in source_order(corpus):
         rng = random.Random("%d:%s" % (seed, source))
         assign = assign_groups(corpus[source], rng, eval_size)
         for split in SPLITS:
             out[split][source] = [p for p in corpus[source] if assign[p.group] == split
                                   and (split == "train" or p.eval_ok)]
     held: set[str] = set()
-    for split in ("test", "valid"):
-        for source, pairs in out[split].items():
+    # older sources first (test, then valid), then the late ones: what the older
+    # sets held out before a late source existed stays exactly as it was
+    tiers = [[s for s in source_order(corpus) if s not in LATE_SOURCES],
+             [s for s in source_order(corpus) if s in LATE_SOURCES]]
+    for tier, split in ((t, s) for t in tiers for s in ("test", "valid")):
+        for source in tier:
+            pairs = out[split][source]
             unique = []
             for p in pairs:
                 key = leak_key(p.de)
@@ -122,7 +138,8 @@ def write_splits(splits: dict[str, dict[str, list[Pair]]], out: Path, seed: int)
     out.mkdir(parents=True, exist_ok=True)
     files = []
     for split in SPLITS:
-        pairs = [p for source in sorted(splits[split]) for p in splits[split][source]]
+        # late sources last, so the joint valid/test files of the older ones stay a prefix
+        pairs = [p for source in source_order(splits[split]) for p in splits[split][source]]
         if split == "train":
             random.Random(seed).shuffle(pairs)
         for lang in ("de", "en"):
@@ -155,7 +172,7 @@ def build(corpus: dict[str, list[Pair]], out: Path, *, seed: int = 1, eval_size:
     out = Path(out)
     seen: set[tuple[str, str]] = set()
     clean_corpus, dropped = {}, {}
-    for source in sorted(corpus):
+    for source in source_order(corpus):
         pairs = corpus[source]
         clean_corpus[source], dropped[source] = filter_pairs(
             tqdm(pairs, desc="filter " + source, unit="pair", mininterval=2, leave=False), seen)
