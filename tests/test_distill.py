@@ -85,3 +85,17 @@ def test_command_line(trained, word_tok, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "alpha: 4 sentences, 4 translated now" in r.stdout
     assert len((tmp_path / "out" / "train.de").read_text().splitlines()) <= 8
+
+
+def test_keep_other_sources_trains_them_on_their_human_pairs(trained, word_tok, tmp_path):
+    """--keep-other-sources: the sources not distilled stay in the data with their references (a student
+    can learn the new register from the teacher and keep the old data as it was)."""
+    sources = make_data(word_tok, tmp_path / "data", n=12)
+    manifest = distill.distill(trained["offline"], tmp_path / "data", tmp_path / "out", sources=["alpha"],
+                               beam=1, progress=False, keep_other_sources=True)
+    beta = list(zip((tmp_path / "out" / "train.beta.de").read_text().splitlines(),
+                    (tmp_path / "out" / "train.beta.en").read_text().splitlines()))
+    assert beta == [tuple(p[:2]) for p in sources["beta"]]
+    de = (tmp_path / "out" / "train.de").read_text().splitlines()
+    assert de[-len(beta):] == [p[0] for p in sources["beta"]]
+    assert manifest["distillation"]["kept_human"] == ["beta"] and "beta" not in manifest["distillation"]["sources"]

@@ -65,7 +65,8 @@ def translate_source(decoder, german: list[str], out_file: Path, *, beam: int, b
 
 def distill(teacher: str | Path, data: str | Path, out: str | Path, *, sources: list[str] | None = None,
             beam: int = 5, with_references: bool = False, limit: int | None = None,
-            batch_size: int = 16, device: str = "auto", progress: bool = True) -> dict:
+            batch_size: int = 16, device: str = "auto", progress: bool = True,
+            keep_other_sources: bool = False) -> dict:
     """Build OUT from DATA with the teacher's translations; returns the manifest written."""
     from models.checkpoint import load_checkpoint, pick_device
     from models.shipped import resolve_checkpoint
@@ -100,10 +101,15 @@ def distill(teacher: str | Path, data: str | Path, out: str | Path, *, sources: 
         stats[source] = {"sentences": len(de), "translated_now": n, "seconds_now": round(secs, 1),
                          "sentences_per_second": round(n / secs, 2) if n and secs > 0 else None,
                          "empty_outputs": len(de) - len(kept)}
+    if keep_other_sources:   # the sources not distilled train on their human pairs, unchanged
+        for source in known:
+            if source not in sources:
+                pairs[source] = list(zip(_lines(data / f"train.{source}.de"), _lines(data / f"train.{source}.en")))
     _write_dataset(data, out, pairs)
     manifest = json.loads((data / "manifest.json").read_text()) if (data / "manifest.json").exists() else {}
     manifest["distillation"] = {"teacher": str(teacher), "teacher_steps": info.get("steps"), "beam": beam,
-                                "with_references": with_references, "limit": limit, "sources": stats}
+                                "with_references": with_references, "limit": limit, "sources": stats,
+                                "kept_human": sorted(set(pairs) - set(sources))}
     manifest["counts"] = {s: {"train": len(p)} for s, p in pairs.items()}
     manifest["files"] = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "manifest.json")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
@@ -132,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--with-references", action="store_true",
                    help="keep the human pairs beside the teacher's (default: teacher outputs only)")
+    p.add_argument("--keep-other-sources", action="store_true",
+                   help="the sources not in --sources keep their human training pairs (default: left out)")
     p.add_argument("--limit", type=int, help="only the first N training pairs of each source")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", default="auto")
@@ -145,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = distill(args.teacher, args.data, args.out,
                            sources=args.sources.split(",") if args.sources else None, beam=args.beam,
                            with_references=args.with_references, limit=args.limit,
-                           batch_size=args.batch_size, device=args.device, progress=not args.no_progress)
+                           batch_size=args.batch_size, device=args.device, progress=not args.no_progress,
+                           keep_other_sources=args.keep_other_sources)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
