@@ -303,3 +303,24 @@ def test_gma_init_table_interpolates_the_waitk_curve_at_matched_al():
     rows = table.rows(results)
     assert [(r["setting"], r["waitk_BLEU"], r["delta"]) for r in rows] == [("delta=1", 15.0, 1.0),
                                                                            ("delta=2", None, None)]
+
+
+def test_per_source_table_cuts_the_pooled_set_at_its_sources(tmp_path):
+    """recipes/per_source_table.py: the pooled dialogue outputs are cut where each game's test set ends,
+    checked line by line; outputs that do not follow the per-source files are refused."""
+    import importlib.util
+    from models.translate import SentenceResult
+    spec = importlib.util.spec_from_file_location("per_source", ROOT / "recipes" / "per_source_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    german = {"freedroid": ["Hallo du", "Wer bist du"], "hedgewars": ["Feuer"], "wesnoth": ["Vorwärts", "Halt"]}
+    for source, lines in german.items():
+        (tmp_path / f"test.{source}.de").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    results = [SentenceResult(x, "x", [1], [1], [1, 1], 1, 1, 2, 0.0) for lines in german.values() for x in lines]
+    parts = table.split_by_source(results, [f"ref {i}" for i in range(5)], tmp_path, "dialogue")
+    assert {s: [r.source for r in p[0]] for s, p in parts.items()} == german
+    assert parts["wesnoth"][1] == ["ref 3", "ref 4"]
+    with pytest.raises(SystemExit, match="hedgewars"):
+        table.split_by_source(results[:2] + results[3:] + results[2:3], ["r"] * 5, tmp_path, "dialogue")
+    with pytest.raises(SystemExit, match="no source"):
+        table.split_by_source(results + results[:1], ["r"] * 6, tmp_path, "dialogue")
