@@ -3,28 +3,24 @@
     python recipes/gma_init/table.py runs/gma_init/eval_{ab,c,d}/results.json
 
 For every test set and every GMA point (arm, δ): its BLEU and AL (SimulEval convention), and the BLEU
-of the wait-k curve at the same AL, linearly interpolated between the two wait-k points around it
-("–" outside the curve's AL range). Δ > 0: the GMA point lies above wait-k's curve.
+of the wait-k curve at the same AL by the rule of recipes/targets.py (linear between the two wait-k
+points around it, else the nearest within 0.5 AL; "–" where none is). Δ > 0: the GMA point lies above
+wait-k's curve.
 """
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from targets import waitk_bleu_at  # noqa: E402  (one definition of "wait-k at the same AL")
 
 ORDER = ["everyday", "dialogue", "bible", "ddtp", "libreoffice"]
 
 
 def load(paths: list[str]) -> list[dict]:
     return [r for path in paths for r in json.load(open(path, encoding="utf-8"))["results"]]
-
-
-def curve_bleu_at(curve: list[tuple[float, float]], al: float) -> float | None:
-    """BLEU of a (AL, BLEU) curve at `al`, linear between neighbours; None outside its range."""
-    curve = sorted(curve)
-    for (a0, b0), (a1, b1) in zip(curve, curve[1:]):
-        if a0 <= al <= a1:
-            return b0 if a1 == a0 else b0 + (b1 - b0) * (al - a0) / (a1 - a0)
-    return None
 
 
 def rows(results: list[dict]) -> list[dict]:
@@ -39,7 +35,7 @@ def rows(results: list[dict]) -> list[dict]:
             if r["policy"] != "gma":
                 continue
             al, bleu = r["simuleval"]["AL"], r["BLEU"]
-            ref = curve_bleu_at(curve, al)
+            ref = waitk_bleu_at(curve, al)
             out.append({"set": s, "arm": r["label"], "setting": r["setting"], "BLEU": bleu, "AL": al,
                         "waitk_BLEU": ref, "delta": None if ref is None else bleu - ref})
     return out
