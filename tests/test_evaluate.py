@@ -305,6 +305,26 @@ def test_gma_init_table_interpolates_the_waitk_curve_at_matched_al():
                                                                            ("delta=2", None, None)]
 
 
+def test_gma_init_table_reads_results_csv_as_json(evaluation_run):
+    """table.py on evaluate's results.csv (the committed form of earlier arms) = on its results.json."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gma_init_table", ROOT / "recipes" / "gma_init" / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    _, _, out = evaluation_run
+
+    def rows(name):  # the fixture's sets are not named test.*, as the table expects
+        loaded = table.load([str(out / name)])
+        return table.rows([dict(r, set="test." + r["set"]) for r in loaded])
+    from_json, from_csv = rows("results.json"), rows("results.csv")
+    assert from_json and [r["setting"] for r in from_json] == [r["setting"] for r in from_csv]
+    for j, c in zip(from_json, from_csv):
+        assert c["BLEU"] == pytest.approx(j["BLEU"], rel=1e-9) and c["AL"] == pytest.approx(j["AL"], rel=1e-9)
+        assert (c["delta"] is None) == (j["delta"] is None)
+        if j["delta"] is not None:
+            assert c["delta"] == pytest.approx(j["delta"], rel=1e-9, abs=1e-9)
+
+
 def test_per_source_table_cuts_the_pooled_set_at_its_sources(tmp_path):
     """recipes/per_source_table.py: the pooled dialogue outputs are cut where each game's test set ends,
     checked line by line; outputs that do not follow the per-source files are refused."""

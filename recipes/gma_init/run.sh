@@ -9,31 +9,21 @@
 # then every arm on the first LIMIT sentences of the five test sets, GMA at δ = 0.5, 1, 2 and wait-k at
 # k = 1, 3, 5, 7, and the table at matched AL (recipes/gma_init/table.py).
 #
-#   bash recipes/gma_init/run.sh        # needs .venv and data/de-en-everyday (docs/data.md); NICE=19 to yield
+#   bash recipes/gma_init/run.sh        # needs .venv; prepares data/de-en-gma-init; NICE=19 to yield
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SIMULSERVE="${SIMULSERVE:-.venv/bin/simulserve}"
-LIMIT="${LIMIT:-200}"
-OUT=runs/gma_init
-BASE=66f7e6b
-mkdir -p "$OUT"
-for m in gma_delta1 waitk; do          # the starting weights, from git (the shipped models of that commit)
-  mkdir -p "$OUT/base_$m"
-  for f in config.json model.safetensors spm.model; do
-    git show "$BASE:models/checkpoints/$m/$f" > "$OUT/base_$m/$f"
-  done
-done
-train() { nice -n "${NICE:-0}" "$SIMULSERVE" train "recipes/gma_init/$1.yaml" --threads 1 --no-progress > "$OUT/$1.log" 2>&1; }
+source recipes/gma_init/common.sh
+train() { "${N[@]}" "$SIMULSERVE" train "recipes/gma_init/$1.yaml" --threads 1 --no-progress > "$OUT/$1.log" 2>&1; }
 { train continue; train curriculum; } & a=$!
 { train from_waitk; train waitk; } & b=$!
 wait "$a"; wait "$b"
-COMMON=(--data data/de-en-everyday --sets everyday,dialogue,bible,ddtp,libreoffice --limit "$LIMIT"
+COMMON=(--data "$DATA" --sets everyday,dialogue,bible,ddtp,libreoffice --limit "$LIMIT"
         --batch-size 32 --threads 1 --quiet)
-nice -n "${NICE:-0}" "$SIMULSERVE" evaluate -m "$OUT/continue/checkpoint" --label "A: GMA continued" \
+"${N[@]}" "$SIMULSERVE" evaluate -m "$OUT/continue/checkpoint" --label "A: GMA continued" \
   -m "$OUT/from_waitk/checkpoint" --label "B: GMA from wait-k" --delta 0.5,1,2 "${COMMON[@]}" -o "$OUT/eval_ab" &
-nice -n "${NICE:-0}" "$SIMULSERVE" evaluate -m "$OUT/curriculum/checkpoint" --label "C: GMA δ curriculum" \
+"${N[@]}" "$SIMULSERVE" evaluate -m "$OUT/curriculum/checkpoint" --label "C: GMA δ curriculum" \
   --delta 0.5,1,2 "${COMMON[@]}" -o "$OUT/eval_c" &
 wait
-nice -n "${NICE:-0}" "$SIMULSERVE" evaluate -m "$OUT/waitk/checkpoint" --label "D: wait-k continued" --k 1,3,5,7 \
+"${N[@]}" "$SIMULSERVE" evaluate -m "$OUT/waitk/checkpoint" --label "D: wait-k continued" --k 1,3,5,7 \
   "${COMMON[@]}" -o "$OUT/eval_d"
 .venv/bin/python recipes/gma_init/table.py "$OUT"/eval_{ab,c,d}/results.json | tee "$OUT/table.md"

@@ -1,6 +1,9 @@
 """GMA arms against wait-k's curve at matched AL (issue 13, part 3), from `simulserve evaluate` results.
 
     python recipes/gma_init/table.py runs/gma_init/eval_{ab,c,d}/results.json
+    python recipes/gma_init/table.py docs/results/gma_init/results.csv runs/gma_init/eval_ef/results.json
+
+Inputs are `evaluate`'s results.json or its results.csv (the committed copy of earlier arms' figures).
 
 For every test set and every GMA point (arm, δ): its BLEU and AL (SimulEval convention), and the BLEU
 of the wait-k curve at the same AL by the rule of recipes/targets.py (linear between the two wait-k
@@ -9,6 +12,7 @@ wait-k's curve.
 """
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -20,7 +24,17 @@ ORDER = ["everyday", "dialogue", "bible", "ddtp", "libreoffice"]
 
 
 def load(paths: list[str]) -> list[dict]:
-    return [r for path in paths for r in json.load(open(path, encoding="utf-8"))["results"]]
+    """Result rows in results.json's shape, from results.json or results.csv files."""
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            if path.endswith(".csv"):  # the flat columns: AL is SimulEval's convention
+                out += [{"set": r["set"], "label": r["label"], "policy": r["policy"], "setting": r["setting"],
+                         "BLEU": float(r["BLEU"]), "simuleval": {"AL": float(r["AL"])}}
+                        for r in csv.DictReader(f)]
+            else:
+                out += json.load(f)["results"]
+    return out
 
 
 def rows(results: list[dict]) -> list[dict]:
