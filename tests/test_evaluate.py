@@ -344,3 +344,18 @@ def test_per_source_table_cuts_the_pooled_set_at_its_sources(tmp_path):
         table.split_by_source(results[:2] + results[3:] + results[2:3], ["r"] * 5, tmp_path, "dialogue")
     with pytest.raises(SystemExit, match="no source"):
         table.split_by_source(results + results[:1], ["r"] * 6, tmp_path, "dialogue")
+
+
+def test_short_hypotheses_counts_negative_al_and_early_stops():
+    """recipes/short_hypotheses.py: paper-convention AL < 0 for a hypothesis that stops early."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("short_hyp", ROOT / "recipes" / "short_hypotheses.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # 19 source pieces (+ EOS = 20): five pieces written within the first three, then EOS at the end
+    early = {"token_delays": [1, 1, 2, 2, 3, 20], "source_subwords": 19}
+    # word by word to the end: positive AL, nothing stopped early
+    steady = {"token_delays": list(range(1, 20)) + [20, 20], "source_subwords": 19}
+    s = mod.summarise([early, steady])
+    assert (s["sentences"], s["negative_al"], s["stopped_early"], s["both"]) == (2, 1, 1, 1)
+    assert s["gamma_negative"] == [6 / 20]
