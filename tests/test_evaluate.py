@@ -305,7 +305,7 @@ def test_gma_init_table_interpolates_the_waitk_curve_at_matched_al():
                                                                            ("delta=2", None, None)]
 
 
-def test_gma_init_table_reads_results_csv_as_json(evaluation_run):
+def test_gma_init_table_reads_results_csv_as_json(evaluation_run, tmp_path):
     """table.py on evaluate's results.csv (the committed form of earlier arms) = on its results.json."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("gma_init_table", ROOT / "recipes" / "gma_init" / "table.py")
@@ -323,6 +323,10 @@ def test_gma_init_table_reads_results_csv_as_json(evaluation_run):
         assert (c["delta"] is None) == (j["delta"] is None)
         if j["delta"] is not None:
             assert c["delta"] == pytest.approx(j["delta"], rel=1e-9, abs=1e-9)
+    # --plots: one BLEU-AL plot per set, from the CSV's rows
+    written = table.plots(table.load([str(out / "results.csv")]), tmp_path / "plots")
+    assert sorted(p.name for p in written) == ["bleu_al.setA.png", "bleu_al.setB.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
 
 
 def test_per_source_table_cuts_the_pooled_set_at_its_sources(tmp_path):

@@ -4,6 +4,7 @@
     python recipes/gma_init/table.py docs/results/gma_init/results.csv runs/gma_init/eval_ef/results.json
 
 Inputs are `evaluate`'s results.json or its results.csv (the committed copy of earlier arms' figures).
+`--plots DIR` also draws every set's BLEU-AL plot of all the inputs together (DIR/bleu_al.test.SET.png).
 
 For every test set and every GMA point (arm, δ): its BLEU and AL (SimulEval convention), and the BLEU
 of the wait-k curve at the same AL by the rule of recipes/targets.py (linear between the two wait-k
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # agents.plots
 from targets import waitk_bleu_at  # noqa: E402  (one definition of "wait-k at the same AL")
 
 ORDER = ["everyday", "dialogue", "bible", "ddtp", "libreoffice"]
@@ -30,8 +32,8 @@ def load(paths: list[str]) -> list[dict]:
         with open(path, encoding="utf-8") as f:
             if path.endswith(".csv"):  # the flat columns: AL is SimulEval's convention
                 out += [{"set": r["set"], "label": r["label"], "policy": r["policy"], "setting": r["setting"],
-                         "BLEU": float(r["BLEU"]), "simuleval": {"AL": float(r["AL"])}}
-                        for r in csv.DictReader(f)]
+                         "BLEU": float(r["BLEU"]), "simuleval": {"AL": float(r["AL"])},
+                         "paper": {"AL": float(r["paper_AL"])}} for r in csv.DictReader(f)]
             else:
                 out += json.load(f)["results"]
     return out
@@ -55,8 +57,28 @@ def rows(results: list[dict]) -> list[dict]:
     return out
 
 
+def plots(results: list[dict], out_dir: Path) -> list[Path]:
+    """One BLEU-AL plot per set, every arm's curve (agents/plots.py, both AL conventions)."""
+    from agents.plots import bleu_latency_plot
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for s in dict.fromkeys(r["set"] for r in results):
+        pts = [{"label": r["label"], "policy": r["policy"], "setting": r["setting"].replace("delta=", "δ="),
+                "BLEU": r["BLEU"], "AL": r["simuleval"]["AL"], "paper_AL": r["paper"]["AL"]}
+               for r in results if r["set"] == s]
+        written.append(bleu_latency_plot(pts, out_dir / f"bleu_al.{s}.png", title=f"{s}: GMA arms against wait-k"))
+    return written
+
+
 def main(argv: list[str]) -> None:
-    table = rows(load(argv))
+    plot_dir = None
+    if "--plots" in argv:
+        i = argv.index("--plots")
+        plot_dir, argv = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
+    results = load(argv)
+    if plot_dir:
+        plots(results, plot_dir)
+    table = rows(results)
     print("| set | GMA arm | setting | BLEU | AL | wait-k BLEU at that AL | Δ |")
     print("|---|---|---|---:|---:|---:|---:|")
     for r in table:
