@@ -11,20 +11,21 @@ EOS: its "stopped early" sentences are those whose last word came before half th
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models.metrics.latency import paper_convention_scores  # noqa: E402
+from per_source_table import read_outputs  # noqa: E402  (one reader of evaluate's outputs)
 
 
-def summarise(rows: list[dict]) -> dict:
-    """Counts over one output file's sentences (those with at least the EOS written)."""
+def summarise(results) -> dict:
+    """Counts over one output file's sentences (SentenceResult; those with at least the EOS written)."""
     out = {"sentences": 0, "negative_al": 0, "stopped_early": 0, "both": 0, "gamma_all": [], "gamma_negative": []}
-    for r in rows:
-        delays, src = r["token_delays"], r["source_subwords"]
+    for r in results:
+        delays, src = r.token_delays, r.source_subwords
         if not delays:
             continue
         al = paper_convention_scores(delays[:-1], src).al
@@ -45,8 +46,7 @@ def main(paths: list[str]) -> None:
     print("| outputs | sentences | paper AL < 0 | mean γ, all | mean γ, AL < 0 | stopped before half the source | both |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for path in paths:
-        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-        s = summarise(rows)
+        s = summarise(read_outputs(Path(path))[0])
         mean = lambda xs: f"{statistics.mean(xs):.2f}" if xs else "–"  # noqa: E731
         name = f"{Path(path).parent.name}/{Path(path).stem}"
         print(f"| {name} | {s['sentences']} | {s['negative_al']} | {mean(s['gamma_all'])} | "

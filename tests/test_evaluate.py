@@ -356,10 +356,11 @@ def test_short_hypotheses_counts_negative_al_and_early_stops():
     spec = importlib.util.spec_from_file_location("short_hyp", ROOT / "recipes" / "short_hypotheses.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    from types import SimpleNamespace as Result   # the two fields summarise reads of a SentenceResult
     # 19 source pieces (+ EOS = 20): five pieces written within the first three, then EOS at the end
-    early = {"token_delays": [1, 1, 2, 2, 3, 20], "source_subwords": 19}
+    early = Result(token_delays=[1, 1, 2, 2, 3, 20], source_subwords=19)
     # word by word to the end: positive AL, nothing stopped early
-    steady = {"token_delays": list(range(1, 20)) + [20, 20], "source_subwords": 19}
+    steady = Result(token_delays=list(range(1, 20)) + [20, 20], source_subwords=19)
     s = mod.summarise([early, steady])
     assert (s["sentences"], s["negative_al"], s["stopped_early"], s["both"]) == (2, 1, 1, 1)
     assert s["gamma_negative"] == [6 / 20]

@@ -71,6 +71,7 @@ def distill(teacher: str | Path, data: str | Path, out: str | Path, *, sources: 
     from models.checkpoint import load_checkpoint, pick_device
     from models.shipped import resolve_checkpoint
     from models.step import StreamingDecoder
+    from models.training.data_loading import read_parallel
 
     data, out = Path(data), Path(out)
     if out.resolve() == data.resolve():
@@ -104,7 +105,7 @@ def distill(teacher: str | Path, data: str | Path, out: str | Path, *, sources: 
     if keep_other_sources:   # the sources not distilled train on their human pairs, unchanged
         for source in known:
             if source not in sources:
-                pairs[source] = list(zip(_lines(data / f"train.{source}.de"), _lines(data / f"train.{source}.en")))
+                pairs[source] = read_parallel(data / f"train.{source}", "de", "en")
     _write_dataset(data, out, pairs)
     manifest = json.loads((data / "manifest.json").read_text()) if (data / "manifest.json").exists() else {}
     manifest["distillation"] = {"teacher": str(teacher), "teacher_steps": info.get("steps"), "beam": beam,

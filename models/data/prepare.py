@@ -99,8 +99,8 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
     held: set[str] = set()
     # older sources first (test, then valid), then the late ones: what the older
     # sets held out before a late source existed stays exactly as it was
-    tiers = [[s for s in source_order(corpus) if s not in LATE_SOURCES],
-             [s for s in source_order(corpus) if s in LATE_SOURCES]]
+    order = source_order(corpus)
+    tiers = [[s for s in order if s not in LATE_SOURCES], [s for s in order if s in LATE_SOURCES]]
     for tier, split in ((t, s) for t in tiers for s in ("test", "valid")):
         for source in tier:
             pairs = out[split][source]

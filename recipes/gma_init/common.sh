@@ -19,3 +19,9 @@ for m in gma_delta1 waitk; do          # the starting weights, from git (the shi
     [ -s "$OUT/base_$m/$f" ] || git show "$BASE:models/checkpoints/$m/$f" > "$OUT/base_$m/$f"
   done
 done
+# train NAME RECIPE [OVERRIDE...]: recipes/gma_init/RECIPE.yaml into runs/gma_init/NAME, logged to NAME.log
+train() {
+  local name=$1 recipe=$2; shift 2
+  "${N[@]}" "$SIMULSERVE" train "recipes/gma_init/$recipe.yaml" --output "$OUT/$name" "$@" \
+    --threads 1 --no-progress > "$OUT/$name.log" 2>&1
+}

@@ -2,8 +2,8 @@
 # Issue 13, part 3: sequence-level distillation for the GMA student, beside the arms of run.sh (same data,
 # same starting weights, same 300-update budget). The shipped offline model translates the conversational
 # sources' training German with beam 5; the other sources keep their human pairs.
-#   E distilled.yaml       GMA continued 300 updates on the teacher's English
-#   F distilled_refs.yaml  the same with the teacher's and the human English
+#   E  GMA continued 300 updates on the teacher's English (arm A's recipe, --data data/de-en-distilled)
+#   F  the same with the teacher's and the human English (--data data/de-en-distilled-refs)
 # then both on the same test sentences as run.sh and the matched-AL table with arms A-D (their figures from
 # runs/gma_init/eval_* when run.sh ran here, else the committed docs/results/gma_init/results.csv).
 #
@@ -20,9 +20,8 @@ cp data/de-en-distilled/distill.*.en data/de-en-distilled-refs/
 "${N[@]}" .venv/bin/python -m models.data.distill --teacher offline --data "$DATA" \
   --out data/de-en-distilled-refs --sources "$CONVERSATIONAL" --keep-other-sources --with-references \
   --beam 5 --no-progress | tee -a "$OUT/distill.log"
-train() { "${N[@]}" "$SIMULSERVE" train "recipes/gma_init/$1.yaml" --threads 1 --no-progress > "$OUT/$1.log" 2>&1; }
-train distilled & a=$!
-train distilled_refs & b=$!
+train distilled continue --data data/de-en-distilled & a=$!
+train distilled_refs continue --data data/de-en-distilled-refs & b=$!
 wait "$a"; wait "$b"
 "${N[@]}" "$SIMULSERVE" evaluate -m "$OUT/distilled/checkpoint" --label "E: GMA distilled" \
   -m "$OUT/distilled_refs/checkpoint" --label "F: GMA distilled + references" --delta 0.5,1,2 \

@@ -3,7 +3,7 @@
 # budgets. Four arms, each 300 updates of the everyday mix from the weights of commit 66f7e6b (3,263
 # updates on Bible, help and descriptions):
 #   A continue.yaml    GMA δ=1 from the GMA weights (the control)
-#   B from_waitk.yaml  GMA δ=1 from the multipath wait-k weights (GMA's step predictors start fresh)
+#   B continue.yaml    GMA δ=1 from the multipath wait-k weights (--init-from; GMA's step predictors start fresh)
 #   C curriculum.yaml  as A, δ falling 4 -> 1 over the first 200 updates
 #   D waitk.yaml       multipath wait-k from the wait-k weights (wait-k's curve at the same budget)
 # then every arm on the first LIMIT sentences of the five test sets, GMA at δ = 0.5, 1, 2 and wait-k at
@@ -13,9 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source recipes/gma_init/common.sh
-train() { "${N[@]}" "$SIMULSERVE" train "recipes/gma_init/$1.yaml" --threads 1 --no-progress > "$OUT/$1.log" 2>&1; }
-{ train continue; train curriculum; } & a=$!
-{ train from_waitk; train waitk; } & b=$!
+{ train continue continue; train curriculum curriculum; } & a=$!
+{ train from_waitk continue --init-from "$OUT/base_waitk"; train waitk waitk; } & b=$!
 wait "$a"; wait "$b"
 COMMON=(--data "$DATA" --sets everyday,dialogue,bible,ddtp,libreoffice --limit "$LIMIT"
         --batch-size 32 --threads 1 --quiet)
