@@ -284,6 +284,29 @@ def test_recipe_gpu_section_applies_only_on_a_gpu(tmp_path):
         load_train_config(recipe, cuda_available=False)
 
 
+def test_recipe_base_is_amended_by_the_recipe(tmp_path):
+    """`base:` starts from another recipe: mappings are amended key by key, other values replace the
+    base's, chains resolve relative to each file, and a loop is a clear error."""
+    from models.errors import UserError
+    from models.training.train import load_train_config
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "first.yaml").write_text(
+        "output: one\nseed: 3\nmax_steps: 1000\noversample: {x: 10, y: 3}\n"
+        "model: {attention: gma, default_delta: 1.0, d_model: 64}\ngpu: {max_tokens: 16384}\n")
+    (tmp_path / "second.yaml").write_text(
+        "base: a/first.yaml\noutput: two\nseed: 4\noversample: {x: 20, z: 2}\n")
+    (tmp_path / "third.yaml").write_text("base: second.yaml\nmodel: {default_delta: 2.0}\n")
+    second = load_train_config(tmp_path / "second.yaml", cuda_available=False)
+    assert (second.output, second.seed, second.max_steps) == ("two", 4, 1000)
+    assert second.oversample == {"x": 20, "y": 3, "z": 2}
+    third = load_train_config(tmp_path / "third.yaml", cuda_available=True)
+    assert third.model == {"attention": "gma", "default_delta": 2.0, "d_model": 64}
+    assert (third.output, third.max_tokens) == ("two", 16384)   # the base's gpu: section still applies
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\noutput: x\n")
+    with pytest.raises(UserError, match="loops"):
+        load_train_config(tmp_path / "loop.yaml", cuda_available=False)
+
+
 def test_shipped_recipes_load_on_cpu_and_gpu():
     """Every recipe in recipes/ is a valid config both ways (its gpu: section included)."""
     from models.training.train import load_train_config

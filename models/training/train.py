@@ -69,15 +69,35 @@ def trains_on_gpu(device: str | None, cuda_available: bool) -> bool:
     return device.startswith("cuda") or (device == "auto" and cuda_available)
 
 
-def load_train_config(path: str | Path, overrides: dict | None = None,
-                      cuda_available: bool | None = None) -> TrainConfig:
-    """A recipe's settings. Its optional `gpu:` mapping overrides them when the run trains on a GPU
-    (larger batches, another schedule: training uses what is at hand); `overrides` (the command
-    line) win over both."""
+def _read_recipe(path: Path, seen: tuple = ()) -> dict:
+    """The recipe at `path` with its `base:` chain applied: a mapping (model, oversample, gpu) is
+    amended key by key, any other value replaces the base's, so a follow-up run's recipe states only
+    what differs."""
     import yaml
-    raw = yaml.safe_load(Path(path).read_text())
+    if path.resolve() in seen:
+        raise UserError(f"{path}: `base:` chain loops back to itself")
+    raw = yaml.safe_load(path.read_text())
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a training config must be a mapping")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    merged = _read_recipe(path.parent / base, seen + (path.resolve(),))
+    for key, value in raw.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_train_config(path: str | Path, overrides: dict | None = None,
+                      cuda_available: bool | None = None) -> TrainConfig:
+    """A recipe's settings. `base: OTHER.yaml` (relative to the recipe) starts from another recipe,
+    which this one amends (see `_read_recipe`). Its optional `gpu:` mapping overrides them when the run
+    trains on a GPU (larger batches, another schedule: training uses what is at hand); `overrides`
+    (the command line) win over both."""
+    raw = _read_recipe(Path(path))
     gpu = raw.pop("gpu", None) or {}
     if not isinstance(gpu, dict):
         raise UserError(f"{path}: `gpu:` must be a mapping of settings used on a GPU")
