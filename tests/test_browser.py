@@ -249,12 +249,16 @@ def test_shipped_models_caption_german_in_english(browser, shipped_server):
         assert page.input_value("#pane-b select.model") == "waitk"
         say(page, "Im Anfang schuf Gott den Himmel und die Erde.")
         say(page, "Klicken Sie auf die Schaltfläche OK.")
+        say(page, "Der Zug hat zehn Minuten Verspätung.")   # everyday German (issue 13)
         for pane in ("a", "b"):
             first = wait_done(page, pane, 0).locator(".translation").inner_text().lower()
             second = wait_done(page, pane, 1).locator(".translation").inner_text().lower()
+            third = wait_done(page, pane, 2).locator(".translation").inner_text().lower()
             assert "god" in first and "earth" in first, (pane, first)
             assert "click" in second, (pane, second)
+            assert "train" in third and "ten minutes" in third, (pane, third)
         ARTIFACTS.mkdir(exist_ok=True)
+        # the README's picture (docs/caption_page.png) is this screenshot
         page.screenshot(path=str(ARTIFACTS / "caption_page_shipped.png"), full_page=True)
     finally:
         context.close()
