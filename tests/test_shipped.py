@@ -14,7 +14,7 @@ from models.shipped import DEFAULT_MODEL, shipped_checkpoints
 from models.step import StreamingDecoder
 from models.translate import simulate
 
-EXPECTED = {"gma_delta1": "gma", "gma_delta2": "gma", "waitk": "waitk", "offline": "offline"}
+EXPECTED = {"gma_delta1": "gma", "waitk": "waitk", "offline": "offline"}
 
 # German sentences from the three domains of the training data, with English content words a
 # plausible translation contains (substrings, lower case); at least two must appear.
@@ -29,7 +29,6 @@ SENTENCES = [
 # every policy setting a user can pick from the shipped models
 SETTINGS = {
     "gma_delta1": [{}, {"delta": 2.0}],
-    "gma_delta2": [{}],
     "waitk": [{"k": 1}, {"k": 3}, {"k": 9}],
     "offline": [{}, {"beam": 4}],
 }
@@ -51,7 +50,7 @@ def test_shipped_configs_name_their_policy_and_languages(decoders):
     for name, policy in EXPECTED.items():
         cfg = decoders[name].cfg
         assert (cfg.policy, cfg.src_lang, cfg.tgt_lang) == (policy, "de", "en"), name
-    assert decoders["gma_delta2"].cfg.default_delta == 2.0
+    assert decoders["gma_delta1"].cfg.default_delta == 1.0
     assert (ROOT / "models" / "checkpoints" / DEFAULT_MODEL).is_dir()
 
 
