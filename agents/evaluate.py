@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.errors import UserError
+from models.step_form import add_step_argument
 
 METRICS = ("AL", "LAAL", "AP", "DAL", "CW")
 
@@ -401,6 +402,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="sentences stepped together")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA)")
+    add_step_argument(p)
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.add_argument("--append", action="store_true",
@@ -446,7 +448,7 @@ def run(args) -> int:
         for m in models:
             model, tok, _ = load_checkpoint(m.path, device, dtype)
             check_lengths(m, tok, sets)
-            decoder = StreamingDecoder(model, tok)
+            decoder = StreamingDecoder(model, tok, form=args.step)
             for setting in m.settings:
                 text = setting_text(setting)
                 for ts in sets:

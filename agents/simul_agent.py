@@ -46,6 +46,7 @@ from models.errors import UserError
 from models.policy import make_policy
 from models.shipped import resolve_checkpoint
 from models.step import StreamingDecoder
+from models.step_form import add_step_argument
 
 
 class AgentError(UserError):
@@ -79,7 +80,8 @@ class SimulAgent(TextToTextAgent):
                                           delta=getattr(args, "delta", None),
                                           beam=getattr(args, "beam", None) or 1)
         self.tokenizer = tok
-        self.decoder = StreamingDecoder(model, tok)
+        self.step_form = getattr(args, "step", None) or "default"
+        self.decoder = StreamingDecoder(model, tok, form=self.step_form)
         super().__init__(args)  # builds self.states and resets them
         self.device = str(device)
 
@@ -93,13 +95,14 @@ class SimulAgent(TextToTextAgent):
         parser.add_argument("--delta", type=float, default=None,
                             help="GMA relaxation offset δ (GMA checkpoints; default: the checkpoint's)")
         parser.add_argument("--beam", type=int, default=1, help="beam size (offline checkpoints)")
+        add_step_argument(parser)
         # --device (cpu, cuda, cuda:1, auto) and --dtype/--fp16 are SimulEval's own options
 
     @classmethod
     def build(cls, checkpoint, k: int | None = None, delta: float | None = None,
-              beam: int = 1, device: str = "cpu") -> "SimulAgent":
+              beam: int = 1, device: str = "cpu", step: str = "default") -> "SimulAgent":
         """Construct without a command line (tests, notebooks)."""
-        return cls(Namespace(checkpoint=str(checkpoint), k=k, delta=delta, beam=beam, device=device))
+        return cls(Namespace(checkpoint=str(checkpoint), k=k, delta=delta, beam=beam, device=device, step=step))
 
     def build_states(self) -> SimulStates:
         return SimulStates()
@@ -117,7 +120,8 @@ class SimulAgent(TextToTextAgent):
         if p.device == dev and p.dtype == dtype:
             return
         self._close(self.states)
-        self.decoder = StreamingDecoder(self.decoder.model.to(device=dev, dtype=dtype), self.tokenizer)
+        self.decoder = StreamingDecoder(self.decoder.model.to(device=dev, dtype=dtype), self.tokenizer,
+                                        form=self.step_form)
         self.device = str(dev)
 
     def policy(self, states: SimulStates | None = None):

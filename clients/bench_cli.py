@@ -139,13 +139,13 @@ def _load(name: str, device_name: str, dtype_name: str | None = None):
 
 
 def _paths(text: str) -> list[str]:
-    from models.benchmarks.host_overhead import STEP_PATHS
+    from models.step_form import FORMS
     from models.errors import UserError
     paths = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in paths if p not in STEP_PATHS]
+    bad = [p for p in paths if p not in FORMS]
     if bad or not paths:
         raise UserError(f"--paths: unknown step form(s) {', '.join(bad) or '(none given)'}; "
-                        f"choose from {', '.join(STEP_PATHS)}")
+                        f"choose from {', '.join(FORMS)}")
     return paths
 
 

@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import MultiHeadAttention
+from models.transformer import FeedForward
+
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packed linears run here and agree with F.linear on a probe."""
     if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
@@ -64,24 +67,31 @@ class PackedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}"
 
 
-def pack_for_inference(model: nn.Module) -> nn.Module:
+def pack_for_inference(model: nn.Module, int8: bool = False) -> nn.Module:
     """A copy of `model` (in eval mode) with every nn.Linear packed, or `model` itself
-    when packing is not available for its device and dtype."""
+    when packing is not available for its device and dtype.
+
+    int8: the attention projections and feed-forward layers (where nearly all weight bytes
+    are) get int8 weights (models/int8_linear.py); every other linear, such as GMA's step
+    predictor, which decides READ or WRITE, stays packed fp32."""
+    from models.int8_linear import Int8Linear
     p = next(model.parameters())
     if not packing_available(p.device, p.dtype):
         return model
     packed = copy.deepcopy(model).eval()
+    big = Int8Linear if int8 else PackedLinear
     # projections of one input fused into one product (fewer, larger calls)
     for module in list(packed.modules()):
         if hasattr(module, "fused_qkv") and isinstance(module.q_proj, nn.Linear):
-            module.fused_qkv = PackedLinear.of(module.q_proj, module.k_proj, module.v_proj)
+            module.fused_qkv = big.of(module.q_proj, module.k_proj, module.v_proj)
     if hasattr(packed, "fused_cross_kv"):
-        packed.fused_cross_kv = PackedLinear.of(
+        packed.fused_cross_kv = big.of(
             *[lin for layer in packed.decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])
     for module in list(packed.modules()):
+        make = big if isinstance(module, (MultiHeadAttention, FeedForward)) else PackedLinear
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child.weight, child.bias))
+                setattr(module, name, make(child.weight, child.bias))
     return packed
 
 

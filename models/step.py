@@ -14,8 +14,10 @@ import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
+from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
+from models.step_form import StepForm, step_form
 from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
@@ -27,37 +29,36 @@ MAX_LEN_A, MAX_LEN_B = 2, 10
 
 class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,
-                 fast: bool = True, sync_free: bool | None = None, compiled: bool = False,
-                 static_shapes: bool | None = None):
+                 form: str | StepForm = "default"):
         self.model = model.eval()
-        # what the steps run: on CPU a copy with packed linears (models/packed_linear.py), else
-        # the model itself; `model` keeps its own weights (saving, moving, training).
-        # fast=False: a copy without any fast path, the baseline of `bench step`.
-        # compiled: the decoder step through torch.compile (packed oneDNN calls do not trace, so
-        # the model's own linears), on CUDA as CUDA graphs; see `_static_shapes`
-        self.compiled = compiled
-        self.net = model if compiled else pack_for_inference(model) if fast else plain_copy(model)
-        self.cfg = model.cfg
-        self.tok = tokenizer
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        # how the steps run (models/step_form.py): chosen once, checked against the device
+        self.form = step_form(form).resolve(p.device, p.dtype)
+        self.compiled = self.form.compiled
+        self.sync_free = self.form.sync_free
+        # what the steps run: for `packed`/`int8` a copy with packed (or int8) linears where
+        # that is available, else the model itself; `model` keeps its own weights (saving,
+        # moving, training). compiled: torch.compile traces the model's own linears
+        linears = self.form.linears
+        self.net = (model if linears == "model" else plain_copy(model) if linears == "plain"
+                    else pack_for_inference(model, int8=linears == "int8"))
+        self.cfg = model.cfg
+        self.tok = tokenizer
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
-        # sync_free: no step operation waits for the device (no early exit when every row READs,
-        # no boolean masks): the GPU path. On the CPU those shortcuts cost nothing and save
-        # work, so they stay; sync_free=True runs the GPU path on the CPU (tests: same outputs)
-        self.sync_free = p.device.type != "cpu" if sync_free is None else sync_free
         self.decode_fn = self.net.decode_step
         self.scratch = None
-        if compiled if static_shapes is None else static_shapes:
+        if self.form.static_shapes:
             self._static_shapes()
-        if compiled:
+        if self.compiled:
             mode = "reduce-overhead" if self.device.type == "cuda" else "default"
             self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
-        # the output projection (the embedding, tied) packed like the other linears where
+        # the output projection (the embedding, tied) packed or int8 like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
-        packed = fast and self.net is not model
-        self.out_packed = PackedLinear(model.embed.weight, None) if packed else None
+        packed = linears in ("packed", "int8") and self.net is not model
+        self.out_packed = ((Int8Linear if linears == "int8" else PackedLinear)(model.embed.weight, None)
+                           if packed else None)
         self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
 
     def _static_shapes(self) -> None:
@@ -65,8 +66,7 @@ class StreamingDecoder:
         a scratch slot (a slot no stream owns: whatever they write lands there), cache lengths
         to a power of two (`bucket`). On CUDA, mode "reduce-overhead" records one CUDA graph per
         shape and replays it; elsewhere inductor's default. No host shortcut may break the
-        graph: the step runs sync-free."""
-        self.sync_free = True
+        graph: the form runs sync-free."""
         self.scratch = self.pool.allocate()
         self.pool.reset(self.scratch)
 

@@ -38,12 +38,12 @@ PLACEHOLDER = """<!doctype html><meta charset="utf-8"><title>simulserve</title>
 see <a href="/docs">/docs</a>, <a href="/v1/models">/v1/models</a>, <a href="/v1/protocol">/v1/protocol</a>.</p>"""
 
 
-def _load_decoder(path, device, dtype, step="eager"):
+def _load_decoder(path, device, dtype, step="default"):
     """A checkpoint's streaming decoder, keeping only the inference copy of the weights."""
     from models.checkpoint import load_checkpoint
     from models.step import StreamingDecoder
     model, tok, _ = load_checkpoint(path, device, dtype)
-    decoder = StreamingDecoder(model, tok, compiled=step == "compiled")
+    decoder = StreamingDecoder(model, tok, form=step)
     decoder.release_model()   # a server never saves, moves or trains the model
     return decoder
 

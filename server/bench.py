@@ -48,8 +48,8 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--device", help="device of the started server (not with --url): auto (its default: cuda "
                                     "when available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16, float16 on CUDA)")
-    p.add_argument("--step", choices=("eager", "compiled"),
-                   help="decoder step of the started server (default eager; compiled: torch.compile)")
+    p.add_argument("--step", help="the started server's step form (default: the server's default; int8, "
+                                  "compiled, ...: models/step_form.py)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
     p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")

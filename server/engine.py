@@ -90,7 +90,7 @@ class ModelEngine:
         return {"name": self.name, "policy": c.policy, "attention": c.variant.kind.replace("none", "standard"),
                 "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
-                "dtype": str(self.dec.dtype).removeprefix("torch."),
+                "dtype": str(self.dec.dtype).removeprefix("torch."), "step_form": self.dec.form.describe(),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},
                 "active_streams": len(self.handles)}
 

@@ -33,9 +33,11 @@ class ServerSettings(BaseSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="inference precision: float32; bfloat16 (faster on CPUs with AVX512-BF16, "
                                "may change outputs); float16 (CUDA only)")
-    step: Literal["eager", "compiled"] = Field(
-        "eager", description="decoder step: eager; compiled = torch.compile with padded shapes (CUDA graphs on "
-                             "CUDA; each new shape compiles once, which takes seconds to minutes)")
+    step: str = Field(
+        "default", description="the step's form (models/step_form.py): default; int8 (int8 weights, CPU); "
+                               "compiled (torch.compile with padded shapes, CUDA graphs on CUDA; each new shape "
+                               "compiles once, which takes seconds to minutes); host, sync-free, static, plain. "
+                               "`eager` = default")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (`serve` default: CPUs - 1)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
@@ -110,6 +112,12 @@ class ServerSettings(BaseSettings):
                 return json.loads(v)
             return [x.strip() for x in v.split(",") if x.strip()]
         return v
+
+    @field_validator("step")
+    @classmethod
+    def _known_form(cls, v: str):
+        from models.step_form import step_form
+        return step_form(v).name   # ValueError naming the forms
 
     @field_validator("api_keys")
     @classmethod

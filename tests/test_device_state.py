@@ -23,7 +23,7 @@ def outputs(dec, sentences, **kw):
 
 
 def sync_free_twin(dec) -> StreamingDecoder:
-    return StreamingDecoder(dec.model, dec.tok, sync_free=True)
+    return StreamingDecoder(dec.model, dec.tok, form="sync-free")
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -39,7 +39,7 @@ def test_sync_free_step_equals_host_step(policy, batch_size, trained_decoders):
                                           ("calib_gate", "gma"), ("phrase_convkv_het", "offline")])
 def test_sync_free_step_equals_host_step_for_variants(name, policy, word_tok):
     _, model = variant_model(word_tok, policy, VARIANTS[name], seed=3)
-    host, free = StreamingDecoder(model, word_tok), StreamingDecoder(model, word_tok, sync_free=True)
+    host, free = StreamingDecoder(model, word_tok, form="host"), StreamingDecoder(model, word_tok, form="sync-free")
     assert outputs(free, SENTENCES[:6], batch_size=3) == outputs(host, SENTENCES[:6], batch_size=3)
 
 
@@ -60,7 +60,7 @@ class OpLog(TorchDispatchMode):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_sync_free_step_never_waits_and_copies_back_once(policy, word_tok, monkeypatch):
-    dec = StreamingDecoder(random_decoder(word_tok, policy, seed=2).model, word_tok, sync_free=True)
+    dec = StreamingDecoder(random_decoder(word_tok, policy, seed=2).model, word_tok, form="sync-free")
     tolist = torch.Tensor.tolist
     copies = []
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: copies.append(t.shape) or tolist(t))
@@ -86,7 +86,7 @@ def test_padded_batches_and_cache_lengths_change_nothing(policy, trained_decoder
     """Static shapes pad each decoder batch with scratch-slot rows and each cache to a power of
     two: the same tokens and delays, one stream or many."""
     dec = trained_decoders[policy]
-    padded = StreamingDecoder(dec.model, dec.tok, static_shapes=True)
+    padded = StreamingDecoder(dec.model, dec.tok, form="static")
     assert padded.bucket(5) == 8 and padded.bucket(9) == 16 and padded.bucket(10 ** 6) == dec.cfg.max_positions
     for batch_size in (1, 3, 10):
         assert outputs(padded, SENTENCES, batch_size=batch_size) == outputs(dec, SENTENCES, batch_size=batch_size)
@@ -97,7 +97,7 @@ def test_padded_batches_and_cache_lengths_change_nothing(policy, trained_decoder
                                           ("calib_anneal", "gma"), ("gmm", "offline")])
 def test_padded_shapes_change_nothing_for_variants(name, policy, word_tok):
     _, model = variant_model(word_tok, policy, VARIANTS[name], seed=4)
-    padded = StreamingDecoder(model, word_tok, static_shapes=True)
+    padded = StreamingDecoder(model, word_tok, form="static")
     want = outputs(StreamingDecoder(model, word_tok), SENTENCES[:6], batch_size=3)
     assert outputs(padded, SENTENCES[:6], batch_size=3) == want
 
@@ -106,7 +106,7 @@ def test_padded_shapes_change_nothing_for_variants(name, policy, word_tok):
 def test_compiled_step_equals_eager_on_cpu(trained_decoders):
     """torch.compile (inductor, CPU) of the decoder step: the same outputs as the eager step."""
     dec = trained_decoders["gma"]
-    compiled = StreamingDecoder(dec.model, dec.tok, compiled=True)
+    compiled = StreamingDecoder(dec.model, dec.tok, form="compiled")
     for batch_size in (1, 4):
         assert outputs(compiled, SENTENCES[:6], batch_size=batch_size) == outputs(dec, SENTENCES[:6],
                                                                                    batch_size=batch_size)
@@ -120,7 +120,7 @@ def test_cuda_graph_step_equals_cpu_eager(policy, trained_decoders):
     model = dec.model.to("cuda")
     try:
         eager = StreamingDecoder(model, dec.tok)
-        graphs = StreamingDecoder(model, dec.tok, compiled=True)
+        graphs = StreamingDecoder(model, dec.tok, form="compiled")
         want = outputs(dec, SENTENCES, batch_size=10)
         assert outputs(eager, SENTENCES, batch_size=10) == want
         assert outputs(graphs, SENTENCES, batch_size=10) == want

@@ -122,7 +122,7 @@ def test_fast_and_plain_streaming_agree(policy, trained_decoders):
     """The same trained weights through the fast step and through the plain model
     (F.linear, explicit attention): the baseline of `simulserve bench step`."""
     dec = trained_decoders[policy]
-    plain = StreamingDecoder(dec.model, dec.tok, fast=False)
+    plain = StreamingDecoder(dec.model, dec.tok, form="plain")
     assert all(not m.fused_kernel for m in plain.net.modules() if isinstance(m, MultiHeadAttention))
     sentences = [s for s, _ in make_pairs(20, seed=31)]
     fast, slow = simulate(dec, sentences), simulate(plain, sentences)

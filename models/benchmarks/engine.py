@@ -119,7 +119,7 @@ def bench_fast_paths(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32)
     against the same model without them, per batch size: ms per written token over `sentences`
     test sentences arriving word by word, median of `rounds` alternating rounds (so that both
     see the same machine), and whether both wrote the same tokens with the same delays."""
-    fast, plain = StreamingDecoder(model, tok), StreamingDecoder(model, tok, fast=False)
+    fast, plain = StreamingDecoder(model, tok), StreamingDecoder(model, tok, form="plain")
     chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
     if not chosen:
         raise ValueError(f"no source line of 1-{max_words} words")

@@ -152,19 +152,9 @@ def profile_traffic(fn, cuda: bool = False) -> dict:
     return out
 
 
-# the forms of the step `bench step --paths` compares (StreamingDecoder settings)
-STEP_PATHS = {
-    "default": {},                                   # what serve/translate run on this device
-    "host": {"sync_free": False},                    # host shortcuts (early exit, masks): the CPU default
-    "sync-free": {"sync_free": True},                # the GPU form: one copy each way, no waits
-    "static": {"static_shapes": True},               # sync-free with padded batches and caches
-    "compiled": {"compiled": True},                  # static + torch.compile (CUDA graphs on CUDA)
-}
-
-
 def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
                         rounds: int = 3, max_words: int = 30, progress=None, paths=("default",)) -> list[dict]:
-    """Per step form (`STEP_PATHS`) and batch size: the streaming step's mean wall time against
+    """Per step form (models/step_form.FORMS) and batch size: the streaming step's mean wall time against
     its kernel time, and the host↔device traffic per step (module docstring), over the first
     `sentences` source lines of 1-`max_words` words arriving word by word (as `bench_fast_paths`
     chooses them). Every form must write the same as the first (`same_as_first`)."""
@@ -173,9 +163,7 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
         raise ValueError(f"no source line of 1-{max_words} words")
     rows, first = [], {}
     for path in paths:
-        if path not in STEP_PATHS:
-            raise ValueError(f"unknown step path {path!r}: one of {', '.join(STEP_PATHS)}")
-        dec = TimedDecoder(model, tok, **STEP_PATHS[path])
+        dec = TimedDecoder(model, tok, form=path)
         for row in _bench_one(dec, chosen, batch_sizes, rounds, progress):
             row["path"] = path
             outs = row.pop("_outputs")

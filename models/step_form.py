@@ -1,0 +1,96 @@
+"""The forms of the streaming step: one named choice of how `StreamingDecoder` runs the model.
+
+Every form writes what the plain computation writes (tests hold each one to it); they differ in
+speed, in the devices they run on, and, for `int8`, in the weights' precision. A form fixes three
+things at once, so that no combination of switches can be asked for that nobody has tested:
+
+- `linears`: what runs the linear layers
+    `plain`  F.linear and the explicit attention: the baseline `bench step` measures against;
+    `packed` weights reordered once for oneDNN, fused projections (CPU; elsewhere the model's own);
+    `int8`   int8 weights and per-row int8 activations for attention and feed-forward layers,
+             packed fp32 for the rest (CPU, float32 only; models/int8_linear.py);
+    `model`  the model's own modules (what torch.compile traces);
+- `sync_free`: the step never waits for the device (no early exit when every row READs, no boolean
+  masks): one copy up and one copy back per step. None = per device (yes on a GPU, no on the CPU,
+  where those shortcuts cost nothing and save work);
+- `static_shapes` (batches and cache lengths padded to powers of two) and `compiled`
+  (torch.compile of the decoder step; CUDA graphs on CUDA), which needs static shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from models.errors import UserError
+
+ALIASES = {"eager": "default"}   # the server's --step before the forms had names
+
+
+class StepFormError(UserError):
+    pass
+
+
+@dataclass(frozen=True)
+class StepForm:
+    name: str
+    linears: str
+    sync_free: bool | None = None
+    static_shapes: bool = False
+    compiled: bool = False
+    summary: str = ""
+
+    def resolve(self, device: torch.device, dtype: torch.dtype) -> "StepForm":
+        """This form for a model on `device` in `dtype`: sync_free decided, and a clear error
+        where the form cannot run there."""
+        from models.int8_linear import int8_available
+        from models.packed_linear import packing_available
+        device = torch.device(device)
+        if self.linears == "int8" and not (int8_available(device, dtype) and packing_available(device, dtype)):
+            raise StepFormError(f"step form 'int8' runs on the CPU with float32 weights only (here: {device.type}, "
+                             f"{str(dtype).replace('torch.', '')}); on a GPU use --dtype bfloat16 instead")
+        sync_free = device.type != "cpu" if self.sync_free is None else self.sync_free
+        return replace(self, sync_free=sync_free or self.static_shapes)
+
+    def describe(self) -> dict:
+        """What /v1/models and the benchmarks print."""
+        return asdict(self)
+
+
+FORMS: dict[str, StepForm] = {f.name: f for f in (
+    StepForm("default", "packed", summary="what serve, translate and evaluate run unless told otherwise"),
+    StepForm("host", "packed", sync_free=False, summary="host shortcuts (early exit, masks): the CPU default"),
+    StepForm("sync-free", "packed", sync_free=True, summary="the GPU form: one copy each way, no waits"),
+    StepForm("static", "packed", sync_free=True, static_shapes=True,
+             summary="sync-free with batches and cache lengths padded to powers of two"),
+    StepForm("compiled", "model", sync_free=True, static_shapes=True, compiled=True,
+             summary="static shapes + torch.compile of the decoder step (CUDA graphs on CUDA)"),
+    StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
+    StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
+)}
+
+
+def step_form(form: "str | StepForm") -> StepForm:
+    """The form named `form` (a StepForm passes through); StepFormError naming the choices."""
+    if isinstance(form, StepForm):
+        return form
+    name = ALIASES.get(form, form)
+    if name not in FORMS:
+        raise StepFormError(f"unknown step form {form!r}: one of {', '.join(FORMS)}")
+    return FORMS[name]
+
+
+STEP_HELP = ("the step's form: default; int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "
+             "on CUDA); host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
+
+
+def add_step_argument(parser) -> None:
+    """The --step option of every command that translates (one help text, one validation)."""
+    import argparse
+
+    def form_name(value: str) -> str:
+        try:
+            return step_form(value).name
+        except StepFormError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parser.add_argument("--step", default="default", type=form_name, help=STEP_HELP)

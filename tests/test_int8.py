@@ -1,0 +1,162 @@
+"""The int8 step form: exact against itself (streaming = full computation, batched = single
+stream, chunking), close to float32 in its decisions, and one named choice everywhere."""
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import POLICIES, random_decoder
+from torch import nn
+
+from models.checkpoint import load_checkpoint
+from models.int8_linear import Int8Linear, int8_available, quantize_rows
+from models.packed_linear import PackedLinear
+from models.step import StreamingDecoder
+from models.step_form import FORMS, StepFormError, step_form
+from models.translate import simulate
+from test_streaming_equivalence import SENTENCES, teacher_forced
+
+pytestmark = pytest.mark.skipif(not int8_available(torch.device("cpu"), torch.float32),
+                                reason="no integer matrix product on this CPU build")
+
+
+def int8_of(dec: StreamingDecoder) -> StreamingDecoder:
+    return StreamingDecoder(dec.model, dec.tok, form="int8")
+
+
+def test_int8_linear_rows_are_exact_whatever_the_batch_and_close_to_float():
+    torch.manual_seed(4)
+    lins = [nn.Linear(48, 80), nn.Linear(48, 16), nn.Linear(48, 8)]
+    fused = Int8Linear.of(*lins)
+    x = torch.randn(40, 48)
+    with torch.no_grad():
+        ref = torch.cat([lin(x) for lin in lins], -1)
+        y = fused(x)
+        for rows in (1, 2, 7, 33):   # bit for bit: a row's numbers do not depend on its batch
+            assert torch.equal(fused(x[:rows]), y[:rows])
+            assert torch.equal(fused(x[rows:rows + 1]), y[rows:rows + 1])
+        assert torch.equal(fused(x.view(4, 10, 48)), y.view(4, 10, -1))
+        # fused = the layers quantised one by one (per output channel: stacking changes nothing)
+        assert torch.equal(torch.cat([Int8Linear.of(lin)(x) for lin in lins], -1), y)
+        # the error of 8-bit rows and channels: about 1% of the output's scale, and not zero
+        err = (y - ref).abs().max() / ref.abs().max()
+        assert 1e-4 < err < 0.03, float(err)
+        # a padded row of zeros stays the bias
+        torch.testing.assert_close(fused(torch.zeros(1, 48)), torch.cat([lin.bias for lin in lins])[None])
+
+
+def test_quantize_rows_is_symmetric_and_uses_the_full_range():
+    x = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [3.0, 1.0, -2.0]])
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.int8
+    assert q.abs().amax(1).tolist() == [127, 0, 127]
+    torch.testing.assert_close(q.float() * scale, x, atol=float(scale.max()) / 2, rtol=0)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_int8_copy_keeps_the_decision_layers_in_float(policy, word_tok):
+    dec = int8_of(random_decoder(word_tok, policy, seed=3))
+    kinds = {type(m).__name__ for m in dec.net.modules() if isinstance(m, (Int8Linear, PackedLinear))}
+    assert "Int8Linear" in kinds and isinstance(dec.out_packed, Int8Linear)
+    for layer in dec.net.decoder:
+        assert isinstance(layer.ffn.fc1, Int8Linear) and isinstance(layer.self_attn.fused_qkv, Int8Linear)
+        if layer.step_predictor is not None:   # GMA's READ/WRITE rule reads float weights
+            assert all(isinstance(m, PackedLinear) for m in (layer.step_predictor.w_p, layer.step_predictor.v_p))
+    assert all(isinstance(p, nn.Parameter) and p.dtype == torch.float32 for p in dec.model.parameters())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_int8_streaming_equals_its_own_full_computation(policy, trained_decoders):
+    """Every position's rows are quantised on their own, so the int8 network run over whole
+    sequences (teacher forcing) decides what the int8 stream decided, step by step."""
+    dec = int8_of(trained_decoders[policy])
+    _, states = simulate(dec, SENTENCES, record=True, batch_size=4)
+    dec.net.logits = dec.scores   # the whole-sequence pass ends in the stream's int8 output projection
+    full = SimpleNamespace(model=dec.net, cfg=dec.cfg)
+    for state in states:
+        logits, info = teacher_forced(full, state)
+        if dec._max_target_len(state) > len(state.target_tokens) - 1:  # not cut by the length cap
+            assert logits[0].argmax(-1).tolist()[:-1] == state.target_tokens[:-1]
+        for i, rec in enumerate(state.record):
+            for layer in range(dec.cfg.decoder_layers):
+                assert rec["n"][layer] == int(info["n"][layer][0, i]), (policy, i, layer)
+                if policy == "gma":
+                    assert rec["p"][layer] == pytest.approx(float(info["p"][layer][0, i]), abs=1e-4)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_int8_batched_and_chunked_equal_single_stream(policy, trained_decoders):
+    dec = int8_of(trained_decoders[policy])
+    alone = [simulate(dec, [s], batch_size=1)[0] for s in SENTENCES]
+    together = simulate(dec, SENTENCES, batch_size=len(SENTENCES))
+    whole = simulate(dec, SENTENCES, whole_sentence=True, batch_size=3)
+    for a, b, c in zip(alone, together, whole):
+        assert (a.prediction, a.delays, a.token_delays) == (b.prediction, b.delays, b.token_delays)
+        assert (a.prediction, a.delays, a.token_delays) == (c.prediction, c.delays, c.token_delays)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_int8_decisions_stay_close_to_float32(policy, trained_decoders):
+    """The tolerance docs/benchmarks.md states for the tiny models: at least 90% of the outputs
+    identical, and the mean delay within 0.25 source words."""
+    from models.data.synthetic import make_pairs
+    sentences = [s for s, _ in make_pairs(40, seed=21)]
+    fp32, int8 = (simulate(d, sentences, batch_size=8) for d in (trained_decoders[policy],
+                                                                   int8_of(trained_decoders[policy])))
+    same = sum(a.prediction == b.prediction and a.delays == b.delays for a, b in zip(fp32, int8))
+    assert same >= 0.9 * len(sentences), same
+    mean = lambda rs: sum(sum(r.delays) / max(len(r.delays), 1) for r in rs) / len(rs)  # noqa: E731
+    assert abs(mean(fp32) - mean(int8)) <= 0.25
+
+
+def test_forms_are_named_choices_checked_against_the_device(word_tok):
+    model = random_decoder(word_tok, "waitk").model
+    assert step_form("eager") is FORMS["default"]
+    with pytest.raises(StepFormError, match="one of default, host"):
+        step_form("fast")
+    with pytest.raises(StepFormError, match="CPU with float32"):
+        StreamingDecoder(model.to(torch.bfloat16), word_tok, form="int8")
+    dec = StreamingDecoder(model.float(), word_tok, form="int8")
+    assert dec.form.describe() == {"name": "int8", "linears": "int8", "sync_free": False,
+                                   "static_shapes": False, "compiled": False, "summary": FORMS["int8"].summary}
+    assert StreamingDecoder(model, word_tok, form="static").form.sync_free is True
+
+
+def test_translate_and_evaluate_take_the_form(trained, tmp_path, capsys):
+    from clients.cli import main
+    src = tmp_path / "in.de"
+    src.write_text("\n".join(SENTENCES[:4]) + "\n")
+    assert main(["translate", "-m", str(trained["waitk"]), "-i", str(src), "-o", str(tmp_path / "a.jsonl"),
+                 "--step", "int8", "--device", "cpu"]) == 0
+    got = [json.loads(line)["prediction"] for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    model, tok, _ = load_checkpoint(trained["waitk"])
+    assert got == [r.prediction for r in simulate(StreamingDecoder(model, tok, form="int8"), SENTENCES[:4])]
+    with pytest.raises(SystemExit):
+        main(["translate", "-m", str(trained["waitk"]), "-i", str(src), "--step", "int4"])
+    assert "unknown step form 'int4'" in capsys.readouterr().err
+
+
+def test_server_with_the_int8_form_streams_what_translate_writes(trained, trained_decoders):
+    """`simulserve serve --step int8`: /v1/models names the form, and concurrent streams receive
+    what the int8 step writes for each alone."""
+    import httpx
+
+    from test_server import LiveServer, assert_matches, sentence_messages, talk
+    sentences = SENTENCES[:4]
+    with LiveServer(models={"gma": str(trained["gma"])}, step="int8", warmup=False, rate_limit=10000,
+                    rate_burst=10000) as srv:
+        info = httpx.get(srv.http + "/v1/models").json()["models"][0]
+        assert info["step_form"]["name"] == "int8" and info["step_form"]["linears"] == "int8"
+
+        async def main():
+            return await asyncio.gather(*[
+                talk(srv.url, [{"type": "start", "model": "gma", "delta": d}] + sentence_messages(sentences)
+                     + [{"type": "end_stream"}], timeout=120) for d in (0.5, 1.0)])
+        results = asyncio.run(main())
+    dec = int8_of(trained_decoders["gma"])
+    for (received, code), d in zip(results, (0.5, 1.0)):
+        assert code == 1000
+        assert_matches(received, [simulate(dec, [s], batch_size=1, delta=d)[0] for s in sentences], f"delta {d}")
