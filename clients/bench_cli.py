@@ -74,7 +74,8 @@ def register(sub) -> None:
     st.add_argument("--paths", default="default",
                     help="step forms for the host overhead table, comma-separated: default (what serve runs "
                          "here), host (CPU shortcuts), sync-free (the GPU form), static (sync-free, padded "
-                         "shapes), compiled (static + torch.compile; CUDA graphs on CUDA). Default: default")
+                         "shapes), compiled (static + torch.compile; CUDA graphs on CUDA), int8 (int8 weights, "
+                         "CPU), plain (no fast path); models/step_form.py. Default: default")
     st.add_argument("--gemm", action="store_true",
                     help="also: GFLOP/s of single linears on the CPU (the matrix units' rate) in float32 and "
                          "bfloat16")

@@ -52,6 +52,8 @@ def add_server_bench_args(p) -> None:
                                   "compiled, ...: models/step_form.py)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
     p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
+    p.add_argument("--tail-burst-ms", type=float, help="tail burst of the started server (default: its own, 20; "
+                                                       "0: off)")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
     p.add_argument("--max-words", type=int, default=30, help="skip longer source sentences")
     p.add_argument("--wpm", type=float, default=150.0, help="speaking rate of each simulated speaker")
@@ -95,6 +97,8 @@ def server_command(args, port: int) -> list[str]:
         cmd += ["--batch-window-ms", str(args.batch_window_ms)]
     if args.continuations is not None:
         cmd += ["--continuations", str(args.continuations)]
+    if args.tail_burst_ms is not None:
+        cmd += ["--tail-burst-ms", str(args.tail_burst_ms)]
     return cmd
 
 
@@ -138,6 +142,25 @@ def wait_healthy(base: str, proc=None, timeout: float = 300) -> None:
             pass
         time.sleep(0.5)
     raise SystemExit(f"{base} did not become healthy in {timeout:.0f} s")
+
+
+def histogram_quantile(before: dict, after: dict, name: str, model: str, q: float) -> float:
+    """The q-quantile (0-1) of a Prometheus histogram's observations between two scrapes, linear
+    within the bucket it falls in (as PromQL's histogram_quantile): as fine as the buckets."""
+    prefix, suffix = f'{name}_bucket{{le="', f'",model="{model}"}}'
+    buckets = sorted((float(k[len(prefix):-len(suffix)]), after[k] - before.get(k, 0))
+                     for k in after if k.startswith(prefix) and k.endswith(suffix))
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return float("nan")
+    rank, lo, below = q * total, 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return lo
+            return lo + (le - lo) * (rank - below) / max(count - below, 1e-12)
+        lo, below = le, count
+    return lo
 
 
 def delta(before: dict, after: dict, name: str, model: str) -> tuple[float, float]:
@@ -265,6 +288,9 @@ async def ramp_level(args, n, sentences, headers, base) -> dict:
             "live_p99_ms": live_p99,
             "tail_p99_ms": pct([a for a, tail in kept if tail], 99),
             "mean_batch": bs / bc if bc else 0, "mean_step_ms": 1000 * ss / sc if sc else 0,
+            "queue_p99_ms": 1000 * histogram_quantile(before, after, "simulserve_queue_seconds", args.model, 0.99),
+            "tail_steps": after.get(f'simulserve_tail_steps_total{{model="{args.model}"}}', 0)
+            - before.get(f'simulserve_tail_steps_total{{model="{args.model}"}}', 0), "steps": sc,
             "client_cpu": (_cpu() - cpu0) / wall, "errors": dict(rec.errors),
             "real_time": (p99 if args.real_time_on == "all" else live_p99) <= args.max_p99_ms
             and not rec.errors}
@@ -363,16 +389,17 @@ async def _main(args, base) -> int:
         print(f"\nreal-time ramp ({args.level_seconds:g} s per level; real time = p99 added delay{which} ≤ "
               f"{args.max_p99_ms:g} ms)")
         print("| streams | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms | after-end p99 ms "
-              "| server lag p99 ms | mean batch | mean step ms | client CPU | real time |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+              "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | tail steps | client CPU | real time |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
         out["ramp"] = []
         for n in (int(x) for x in args.levels.split(",")):
             r = await ramp_level(args, n, sentences, headers, base)
             out["ramp"].append(r)
             print(f"| {n} | {r['words_in_per_s']:.0f} | {r['words_out_per_s']:.0f} | {r['p50_ms']:.1f} | "
                   f"{r['p99_ms']:.1f} | {r['live_p99_ms']:.1f} | {r['tail_p99_ms']:.1f} | "
-                  f"{r['server_lag_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
-                  f"{r['mean_step_ms']:.1f} | {100 * r['client_cpu']:.0f}% | {'yes' if r['real_time'] else 'no'}"
+                  f"{r['server_lag_p99_ms']:.1f} | {r['queue_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+                  f"{r['mean_step_ms']:.1f} | {100 * r['tail_steps'] / max(r['steps'], 1):.0f}% | "
+                  f"{100 * r['client_cpu']:.0f}% | {'yes' if r['real_time'] else 'no'}"
                   + (f" {r['errors']}" if r["errors"] else "") + " |", flush=True)
             if not r["real_time"]:
                 break

@@ -24,6 +24,9 @@ FLAGS = {
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
+    "--tail-burst-ms": ("tail_burst_ms", {"type": float, "help": "after each step, sentences whose source has "
+                                                                 "ended step on by themselves for up to this "
+                                                                 "long (default 20; 0: off)"}),
     "--continuations": ("continuations", {"type": int, "help": "extra steps per job for streams that sent "
                                                                "nothing yet (default 0: one step per job)"}),
     "--max-streams": ("max_streams", {"type": int, "help": "concurrent streams (default 512)"}),

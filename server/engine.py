@@ -46,6 +46,7 @@ class StreamHandle:
         self.received = 0                # loop: source words accepted
         self.read = 0                    # worker: source words the policy has read (all sentences)
         self.last_step = 0.0
+        self.ready_since: float | None = None   # loop: since when it has had something to do
         # worker-only: the sentence in progress
         self.state: StreamState | None = None
         self.sentence = 0
@@ -66,10 +67,11 @@ class StreamHandle:
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,
                  batch_window_ms: float = 2.0, continuations: int = 0, max_k: int = 32,
-                 max_delta: float = 16.0, max_output_messages: int = 20000):
+                 max_delta: float = 16.0, max_output_messages: int = 20000, tail_burst_ms: float = 20.0):
         self.name, self.dec, self.cfg, self.tok = name, decoder, decoder.cfg, decoder.tok
         self.metrics = metrics
         self.max_batch, self.window, self.continuations = max_batch, batch_window_ms / 1000, continuations
+        self.tail_burst = tail_burst_ms / 1000
         self.max_k, self.max_delta, self.max_output = max_k, max_delta, max_output_messages
         self.handles: dict[int, StreamHandle] = {}
         self._to_close: list[StreamState] = []
@@ -78,6 +80,7 @@ class ModelEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.steps = 0
+        self.typical_batch = 1.0   # moving average of streams per job: what a batching window waits for
 
     # ---- description -----------------------------------------------------------
     def info(self) -> dict:
@@ -117,14 +120,19 @@ class ModelEngine:
         h.received += len(words)
         h.commands.append(("push", words, t))
         self.metrics.words_in.labels(self.name).inc(len(words))
-        self._wake.set()
+        self._wake_for(h)
 
     def end_sentence(self, h: StreamHandle, t: float) -> None:
         h.commands.append(("end", t))
-        self._wake.set()
+        self._wake_for(h)
 
     def end_stream(self, h: StreamHandle) -> None:
         h.commands.append(("eos",))
+        self._wake_for(h)
+
+    def _wake_for(self, h: StreamHandle) -> None:
+        if h.ready_since is None:
+            h.ready_since = time.monotonic()
         self._wake.set()
 
     def detach(self, h: StreamHandle) -> None:
@@ -198,9 +206,12 @@ class ModelEngine:
                 await self._wake.wait()
                 idle = True
                 continue
-            if idle and ready and self.window > 0 and self.max_batch > 1:
-                t0 = loop.time()         # buffered re-batching: wait a little for more streams
-                while len(ready) < self.max_batch and (left := t0 + self.window - loop.time()) > 0:
+            # buffered re-batching, after an idle spell: wait a little for as many streams as jobs
+            # have had lately (none with one speaker; up to the window under load)
+            want = min(self.max_batch, len(self.handles), round(self.typical_batch))
+            if idle and ready and self.window > 0 and len(ready) < want:
+                t0 = loop.time()
+                while len(ready) < want and (left := t0 + self.window - loop.time()) > 0:
                     self._wake.clear()
                     try:
                         await asyncio.wait_for(self._wake.wait(), left)
@@ -214,18 +225,26 @@ class ModelEngine:
                 ready = ready[: self.max_batch]
             closing, self._to_close = self._to_close, []
             self._running = {h.id for h in ready}
+            self.typical_batch += 0.2 * (len(ready) - self.typical_batch)
+            now, queued = time.monotonic(), self.metrics.queue_seconds.labels(self.name)
+            for h in ready:   # how long each stream waited with something to do
+                if h.ready_since is not None:
+                    queued.observe(now - h.ready_since)
+                h.ready_since = None
             try:
                 result = await loop.run_in_executor(self._executor, self._execute, ready, closing)
             finally:
                 self._running = set()
             self._route(ready, *result)
 
-    def _route(self, batch: list[StreamHandle], events: dict, steps: list[tuple[int, float]]) -> None:
+    def _route(self, batch: list[StreamHandle], events: dict, steps: list[tuple[int, float, bool]]) -> None:
         m, name = self.metrics, self.name
-        for n_stepped, seconds in steps:
+        for n_stepped, seconds, tail in steps:
             self.steps += 1
             m.batch_size.labels(name).observe(n_stepped)
             m.step_seconds.labels(name).observe(seconds)
+            if tail:
+                m.tail_steps.labels(name).inc()
         now = time.monotonic()
         lag = m.word_lag_seconds.labels(name)
         for h in batch:
@@ -244,6 +263,9 @@ class ModelEngine:
                 h.out.put_nowait(ev)
             if h.out.qsize() > self.max_output and h.kill is not None:
                 h.kill("slow_consumer")
+            s = h.state
+            if h.commands or (s is not None and not s.blocked and not s.done):
+                h.ready_since = now   # it can move on: it queues from here
         m.cache_slots.labels(name).set(self.dec.streams_in_cache)
         m.cache_capacity.labels(name).set(self.dec.pool.capacity)
 
@@ -261,7 +283,7 @@ class ModelEngine:
                 log.exception("stream %s: applying input failed", h.id)
                 self._fail(h, events[h.id], e)
         stepping = [h for h in batch if h.state is not None and not h.state.blocked and not h.state.done]
-        steps: list[tuple[int, float]] = []   # (batch size, seconds) of each step of this job
+        steps: list[tuple[int, float, bool]] = []   # (batch size, seconds, tail burst) of each step of this job
         # With continuations > 0, a stream whose step sent nothing to its client (a READ that took
         # new input, or a WRITE of a piece that completes no word yet) is stepped again in the same
         # job: its actions are unchanged, only their grouping into jobs. Off by default: on CPU
@@ -269,34 +291,53 @@ class ModelEngine:
         for _ in range(self.continuations + 1):
             if not stepping:
                 break
-            t0 = time.perf_counter()
-            try:
-                outs = self.dec.step([h.state for h in stepping])
-            except Exception as e:  # noqa: BLE001
-                log.exception("model %s: batched step failed", self.name)
-                for h in stepping:
-                    self._fail(h, events[h.id], e)
+            stepping = self._step(stepping, events, steps, again=lambda h, s, o: (
+                (o.action == READ and not s.blocked) or (o.action == WRITE and not o.words)))
+            if stepping is None:
                 return events, steps
-            seconds = time.perf_counter() - t0
-            steps.append((len(stepping), seconds))
-            now, share = time.monotonic(), seconds / len(stepping)
-            again = []
-            for h, o in zip(stepping, outs):
-                h.compute += share
-                s = h.state
-                first = len(s.words) - len(o.words)
-                for j, w in enumerate(o.words):
-                    events[h.id].append(self._word(h, s, w, first + j, now))
-                if s.done:
-                    self.dec.close(s)     # free the slot now; the results stay on the state
-                    if s.end_received:
-                        self._finish(h, events[h.id], now)
-                elif (o.action == READ and not s.blocked) or (o.action == WRITE and not o.words):
-                    again.append(h)
-            stepping = again
+        # The tail: a sentence whose source has ended owes its client the rest of its translation,
+        # one piece per step, and nothing it waits for can arrive any more. Those streams step on
+        # by themselves, back to back in their own (small) batch, until done or `tail_burst` has
+        # passed, instead of one piece per job behind every live READ trial; the budget bounds
+        # how long the live streams wait for them.
+        deadline = time.perf_counter() + self.tail_burst
+        tails = [h for h in batch if _in_tail(h)]
+        while tails and time.perf_counter() < deadline:
+            tails = self._step(tails, events, steps, again=lambda h, s, o: _in_tail(h), tail=True)
+            if tails is None:
+                return events, steps
         for h in batch:
             h.read = h.read_before + (_consumed(h) if h.state is not None else 0)
         return events, steps
+
+    def _step(self, stepping: list[StreamHandle], events: dict, steps: list, again, tail: bool = False):
+        """One batched step of `stepping`; their words become events. Returns the streams for which
+        again(handle, state, output) holds, or None if the step failed (those streams are closed)."""
+        t0 = time.perf_counter()
+        try:
+            outs = self.dec.step([h.state for h in stepping])
+        except Exception as e:  # noqa: BLE001
+            log.exception("model %s: batched step failed", self.name)
+            for h in stepping:
+                self._fail(h, events[h.id], e)
+            return None
+        seconds = time.perf_counter() - t0
+        steps.append((len(stepping), seconds, tail))
+        now, share = time.monotonic(), seconds / len(stepping)
+        more = []
+        for h, o in zip(stepping, outs):
+            h.compute += share
+            s = h.state
+            first = len(s.words) - len(o.words)
+            for j, w in enumerate(o.words):
+                events[h.id].append(self._word(h, s, w, first + j, now))
+            if s.done:
+                self.dec.close(s)     # free the slot now; the results stay on the state
+                if s.end_received:
+                    self._finish(h, events[h.id], now)
+            elif again(h, s, o):
+                more.append(h)
+        return more
 
     def _finish(self, h: StreamHandle, events: list[dict], now: float) -> None:
         s = h.state
@@ -366,6 +407,12 @@ class ModelEngine:
             except Exception:  # noqa: BLE001
                 log.exception("closing a failed stream")
             h.state = None
+
+
+def _in_tail(h: StreamHandle) -> bool:
+    """The stream's sentence has ended at the source and it can still write (its tail)."""
+    s = h.state
+    return s is not None and s.end_received and not s.done and not s.blocked
 
 
 def _consumed(h: StreamHandle) -> int:

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST, GCCollector, PlatformCollector, ProcessCollector
 
 _MS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+_QUEUE = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+          0.15, 0.2, 0.5, 1.0, 2.0, 5.0)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -37,6 +39,11 @@ class Metrics:
                                       "thread)", ["model"], buckets=_MS, registry=r)
         self.batch_wait_seconds = Histogram("simulserve_batch_wait_seconds", "time spent in the batching "
                                             "window before a step", ["model"], buckets=_MS, registry=r)
+        self.queue_seconds = Histogram("simulserve_queue_seconds", "from a stream having something to do "
+                                       "(input arrived, or its last step left it able to move on) to the start "
+                                       "of the job that steps it", ["model"], buckets=_QUEUE, registry=r)
+        self.tail_steps = Counter("simulserve_tail_steps", "steps of sentences whose source has ended, run "
+                                  "back to back after a job's step (the tail burst)", ["model"], registry=r)
         self.word_lag_seconds = Histogram("simulserve_word_lag_seconds", "from the arrival of the input a target "
                                           "word needed to its emission (queueing + compute)", ["model"],
                                           buckets=_MS, registry=r)
