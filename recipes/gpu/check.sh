@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU check (issue 27): on a machine with a CUDA GPU, the tree and `.gpu/` (from
+# `bash recipes/gpu/pack.sh check`, run where pip reaches the index), one command installs what the
+# image lacks, runs every CUDA test and every benchmark of docs/benchmarks.md's GPU section, and writes
+# all tables to one file:
+#
+#   bash recipes/gpu/check.sh [REPORT]          # default REPORT: ${OUT:-.}/gpu_check.md
+#
+# Each step has its own time budget (BUDGET_* below, seconds; the sum stays under 9 minutes) and a
+# step that runs out is reported as such, so one slow part cannot cost the rest. JSON of every
+# benchmark lands beside REPORT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+DIR="${OUT:-.}"
+REPORT="${1:-$DIR/gpu_check.md}"
+DIR="$(dirname "$REPORT")"
+mkdir -p "$DIR"
+PY="${PY:-python3}"
+DATA="${DATA:-.gpu/data}"
+CKPT="${CKPT:-gma_delta1}"
+DEVICE="${DEVICE:-cuda}"   # DEVICE=cpu: a dry run of this script where there is no GPU
+BUDGET_TESTS="${BUDGET_TESTS:-140}"
+BUDGET_STEP="${BUDGET_STEP:-130}"
+BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-50}"
+BUDGET_ENGINE="${BUDGET_ENGINE:-30}"
+BUDGET_SERVER="${BUDGET_SERVER:-70}"
+BUDGET_EVAL="${BUDGET_EVAL:-90}"
+EVAL_LIMIT="${EVAL_LIMIT:-200}"
+
+. recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
+
+: > "$REPORT"
+say() { printf '%s\n' "$@" >> "$REPORT"; }
+# step TITLE BUDGET CMD...: the command's output in a code block, its exit and wall time after it
+step() {
+  local title="$1" budget="$2"; shift 2
+  local start=$SECONDS rc
+  say "" "## $title" "" '```' "\$ $(printf '%q ' "$@" | sed 's|/tmp/simulserve-bin/||')"
+  echo "== $title (budget ${budget}s)"
+  timeout --kill-after=10 "$budget" "$@" 2>&1 | tee -a "$REPORT" | tail -n 40
+  rc=${PIPESTATUS[0]}
+  say '```'
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    say "**stopped at its budget of ${budget} s** (rc $rc): the figures above are what it printed by then"
+  else
+    say "exit $rc after $((SECONDS - start)) s"
+  fi
+}
+
+say "# simulserve GPU check" "" "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+say "" '```' "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
+say "$("$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")' 2>&1)"
+say '```'
+"$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+  || [ "$DEVICE" = cpu ] || { say "no CUDA device: nothing to check"; echo "no CUDA device"; exit 1; }
+
+step "CUDA tests (equivalence, fused attention, device-resident state, CUDA graphs)" "$BUDGET_TESTS" \
+  "$PY" -m pytest -q -p no:cacheprovider -p no:flake8 -rs tests/test_device_state.py tests/test_fast_paths.py \
+  tests/test_streaming_equivalence.py
+step "bench step, float32: the forms of the step" "$BUDGET_STEP" \
+  simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
+  --batch-sizes 1,8,32,128,256 --sentences 256 --rounds 3 --paths default,static,compiled --json "$DIR/step_cuda.json"
+step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
+  simulserve bench step --device $DEVICE --dtype bfloat16 --checkpoint "$CKPT" --source "$DATA/test.de" \
+  --batch-sizes 1,8,32,128 --sentences 128 --rounds 3 --paths default,compiled --json "$DIR/step_cuda_bf16.json"
+step "bench engine" "$BUDGET_ENGINE" \
+  simulserve bench engine --device $DEVICE -m "$CKPT" --count 3
+step "bench server (compiled step)" "$BUDGET_SERVER" \
+  simulserve bench server --device $DEVICE --step compiled --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels 100,250,500,1000 --level-seconds 8 --throughput-seconds 10 --skip soak --json "$DIR/server_cuda.json"
+step "evaluate: float32 against bfloat16 (first $EVAL_LIMIT sentences of each set)" "$BUDGET_EVAL" \
+  bash -c "for dtype in float32 bfloat16; do
+      simulserve evaluate -m $CKPT --label \"GMA \$dtype\" --delta 1 --data '$DATA' \
+        --sets everyday,dialogue,bible,ddtp,libreoffice --limit $EVAL_LIMIT --batch-size 64 --device $DEVICE \
+        --dtype \$dtype -o /tmp/simulserve-eval-\$dtype --quiet || exit \$?
+    done
+    $(command -v "$PY") - <<'PYEOF'
+import csv
+rows = {d: {r['set']: r for r in csv.DictReader(open(f'/tmp/simulserve-eval-{d}/results.csv'))}
+        for d in ('float32', 'bfloat16')}
+print('| set | float32 BLEU / AL | bfloat16 BLEU / AL | ΔBLEU | ΔAL |')
+print('|---|---:|---:|---:|---:|')
+for name, a in sorted(rows['float32'].items()):
+    b = rows['bfloat16'][name]
+    print(f\"| {name} | {float(a['BLEU']):.2f} / {float(a['AL']):.2f} | {float(b['BLEU']):.2f} / {float(b['AL']):.2f} \"
+          f\"| {float(b['BLEU']) - float(a['BLEU']):+.2f} | {float(b['AL']) - float(a['AL']):+.2f} |\")
+PYEOF"
+echo "report: $REPORT ($SECONDS s)"
+say "" "total: $SECONDS s"

@@ -1,0 +1,17 @@
+# Sourced by check.sh and train.sh on a bare GPU machine: installs the project's wheels the image lacks
+# (from .gpu/whl, packed here by `bash recipes/gpu/pack.sh check`) beside the image's PyTorch, and puts
+# the CLI on PATH without installing the project. Expects to run in the repository root with $PY set.
+PY="${PY:-python3}"
+if ! "$PY" -c "import fastapi, pydantic_settings, uvicorn, websockets" 2>/dev/null && compgen -G ".gpu/whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/simulserve-site .gpu/whl/*.whl || exit 2
+  export PYTHONPATH="/tmp/simulserve-site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+export PYTHONUNBUFFERED=1
+# a shim rather than a shell function: `timeout` cannot run a function
+mkdir -p /tmp/simulserve-bin
+printf '#!/bin/sh\nexec %s -m clients.cli "$@"\n' "$(command -v "$PY")" > /tmp/simulserve-bin/simulserve
+chmod +x /tmp/simulserve-bin/simulserve
+export PATH="/tmp/simulserve-bin:$PATH"

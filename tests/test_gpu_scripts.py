@@ -1,0 +1,75 @@
+"""The GPU scripts (recipes/gpu/): CI has no GPU, so train.sh runs its CPU dry run here, and every
+command check.sh runs is checked against the CLI's own options."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from test_training import model_dict, write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "recipes" / "gpu"
+
+
+def run_train(recipe, minutes, env):
+    return subprocess.run(["bash", str(GPU / "train.sh"), str(recipe), str(minutes)], cwd=ROOT,
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+
+
+def test_train_script_resumes_and_brings_back_a_small_checkpoint(word_tok, tmp_path):
+    write_dataset(word_tok, tmp_path / "data")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump({"output": "ignored", "max_tokens": 256, "warmup": 10, "max_epochs": 1000,
+                                      "average_last": 1, "save_every_minutes": 0.01,
+                                      "model": model_dict(word_tok, "gma")}))
+    env = {"DEVICE": "cpu", "PY": sys.executable, "DATA": str(tmp_path / "data"), "STATE": str(tmp_path / "state"),
+           "OUT": str(tmp_path / "out"), "RESUME": str(tmp_path / "resume")}
+    first = run_train(recipe, 0.03, env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    got = tmp_path / "out" / "tiny"
+    assert {"config.json", "model.safetensors", "spm.model", "progress.txt"} <= {p.name for p in got.iterdir()}
+    step1 = int(re.search(r"step (\d+)", (got / "progress.txt").read_text()).group(1))
+    assert step1 > 0
+    second = run_train(recipe, 0.03, env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming" in second.stdout
+    step2 = int(re.search(r"step (\d+)", (got / "progress.txt").read_text()).group(1))
+    assert step2 > step1
+    # the machine went back: no state, the weights that came back are carried instead
+    (tmp_path / "state").rename(tmp_path / "gone")
+    got.rename(tmp_path / "resume")
+    third = run_train(recipe, 0.02, env)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "starting from the carried weights" in third.stdout
+    assert (got / "model.safetensors").stat().st_size < 16 * 2**20
+
+
+def check_commands() -> list[list[str]]:
+    """The `simulserve ...` commands check.sh runs (its `step` lines), as argument lists."""
+    text = (GPU / "check.sh").read_text()
+    joined = re.sub(r"\\\n\s*", " ", text)
+    cmds = []
+    for line in joined.splitlines():
+        m = re.search(r"\bsimulserve (bench \w+|evaluate)\b(.*?)(?:\|\||$)", line)
+        if m and not line.lstrip().startswith("#"):
+            cmds.append(m.group(1).split() + shlex.split(m.group(2).replace("\\\"", "").replace("$", "")))
+    return cmds
+
+
+def test_every_command_of_the_gpu_check_takes_its_options():
+    cmds = check_commands()
+    assert {tuple(c[:2]) for c in cmds} >= {("bench", "step"), ("bench", "engine"), ("bench", "server")}
+    assert any(c[0] == "evaluate" for c in cmds)
+    for cmd in cmds:
+        sub = cmd[:2] if cmd[0] == "bench" else cmd[:1]
+        helptext = subprocess.run([sys.executable, "-m", "clients.cli", *sub, "-h"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=120).stdout
+        for flag in (a for a in cmd if a.startswith("--")):
+            assert re.search(rf"{re.escape(flag)}\b", helptext), (sub, flag)
+    syntax = subprocess.run(["bash", "-n", str(GPU / "check.sh")], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
