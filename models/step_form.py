@@ -46,6 +46,9 @@ class StepForm:
         from models.int8_linear import int8_available
         from models.packed_linear import packing_available
         device = torch.device(device)
+        if self.linears == "auto":
+            int8 = int8_available(device, dtype) and packing_available(device, dtype)
+            return FORMS["int8" if int8 else "default"].resolve(device, dtype)
         if self.linears == "int8" and not (int8_available(device, dtype) and packing_available(device, dtype)):
             raise StepFormError(f"step form 'int8' runs on the CPU with float32 weights only (here: {device.type}, "
                              f"{str(dtype).replace('torch.', '')}); on a GPU use --dtype bfloat16 instead")
@@ -67,6 +70,8 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
              summary="static shapes + torch.compile of the decoder step (CUDA graphs on CUDA)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
+    # the server's default: int8 passed the quality gate on every test set (docs/benchmarks.md, "int8 weights")
+    StepForm("auto", "auto", summary="int8 where it runs (CPU, float32), else default: the server's default"),
 )}
 
 
@@ -80,7 +85,7 @@ def step_form(form: "str | StepForm") -> StepForm:
     return FORMS[name]
 
 
-STEP_HELP = ("the step's form: default; int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "
+STEP_HELP = ("the step's form: default (float32); auto (int8 where it runs, else default); int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "
              "on CUDA); host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
 
 

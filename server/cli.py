@@ -18,7 +18,8 @@ FLAGS = {
     "--port": ("port", {"type": int}),
     "--device": ("device", {"help": "auto (default), cpu, cuda, cuda:N"}),
     "--dtype": ("dtype", {"help": "float32 (default), bfloat16 (may change outputs), float16 (CUDA only)"}),
-    "--step": ("step", {"help": "the step's form: default, int8 (int8 weights, CPU), compiled (torch.compile, "
+    "--step": ("step", {"help": "the step's form: auto (default: int8 on a CPU with float32 weights, else "
+                                "default), default (float32), int8 (int8 weights, CPU), compiled (torch.compile, "
                                 "CUDA graphs on CUDA), host, sync-free, static, plain (docs/benchmarks.md)"}),
     "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "

@@ -143,7 +143,7 @@ def _serve_cli(trained, *extra, env=None) -> tuple[subprocess.Popen, int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "clients.cli", "serve", f"waitk={trained['waitk']}", "--port", str(port),
-           "--no-warmup", "--torch-threads", "1", *extra]
+           "--no-warmup", "--torch-threads", "1", "--step", "default", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True), port

@@ -140,13 +140,15 @@ def test_translate_and_evaluate_take_the_form(trained, tmp_path, capsys):
 
 
 def test_server_with_the_int8_form_streams_what_translate_writes(trained, trained_decoders):
-    """`simulserve serve --step int8`: /v1/models names the form, and concurrent streams receive
-    what the int8 step writes for each alone."""
+    """The server's default form on this CPU is int8: /v1/models names it, and concurrent streams
+    receive what the int8 step writes for each alone."""
+    from server.settings import load_settings
+    assert load_settings().step == "auto"
     import httpx
 
     from test_server import LiveServer, assert_matches, sentence_messages, talk
     sentences = SENTENCES[:4]
-    with LiveServer(models={"gma": str(trained["gma"])}, step="int8", warmup=False, rate_limit=10000,
+    with LiveServer(models={"gma": str(trained["gma"])}, step="auto", warmup=False, rate_limit=10000,
                     rate_burst=10000) as srv:
         info = httpx.get(srv.http + "/v1/models").json()["models"][0]
         assert info["step_form"]["name"] == "int8" and info["step_form"]["linears"] == "int8"

@@ -37,6 +37,9 @@ class LiveServer:
     """`create_app` served by uvicorn in a thread, on a free loopback port."""
 
     def __init__(self, **settings):
+        # float32 unless a test asks for another form: the tests compare with float32 decoders
+        # (the server's own default, int8 on the CPU, has tests of its own: test_int8.py)
+        settings.setdefault("step", "default")
         self.settings = load_settings(**settings)
         self.app = create_app(self.settings)
         self.sock = socket.socket()
