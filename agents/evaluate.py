@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.errors import UserError
+from models.decoding import add_decoding_arguments, decoding_options
 from models.step_form import add_step_argument
 
 METRICS = ("AL", "LAAL", "AP", "DAL", "CW")
@@ -403,6 +404,7 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA)")
     add_step_argument(p)
+    add_decoding_arguments(p)
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.add_argument("--append", action="store_true",
@@ -438,6 +440,7 @@ def run(args) -> int:
     sets = plan_sets(args, src_lang, tgt_lang)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
+    options = decoding_options(args)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -448,7 +451,7 @@ def run(args) -> int:
         for m in models:
             model, tok, _ = load_checkpoint(m.path, device, dtype)
             check_lengths(m, tok, sets)
-            decoder = StreamingDecoder(model, tok, form=args.step)
+            decoder = StreamingDecoder(model, tok, form=args.step, options=options)
             for setting in m.settings:
                 text = setting_text(setting)
                 for ts in sets:
@@ -470,6 +473,7 @@ def run(args) -> int:
     set_order = {ts.name: i for i, ts in enumerate(sets)}
     rows.sort(key=lambda r: set_order[r["set"]])  # stable: models and settings keep their order
     meta = {
+        "step_form": args.step, "decoding": {"no_repeat_ngram": options.no_repeat_ngram, "early_eos": options.early_eos},
         "conventions": {
             "simuleval": "SimulEval 1.1.4: source words, detokenised target words, no EOS; AL/AP use "
                          + ("the reference length" if not args.no_use_ref_len else "the hypothesis length")

@@ -46,6 +46,7 @@ from models.errors import UserError
 from models.policy import make_policy
 from models.shipped import resolve_checkpoint
 from models.step import StreamingDecoder
+from models.decoding import add_decoding_arguments, decoding_options
 from models.step_form import add_step_argument
 
 
@@ -81,7 +82,8 @@ class SimulAgent(TextToTextAgent):
                                           beam=getattr(args, "beam", None) or 1)
         self.tokenizer = tok
         self.step_form = getattr(args, "step", None) or "default"
-        self.decoder = StreamingDecoder(model, tok, form=self.step_form)
+        self.options = decoding_options(args)
+        self.decoder = StreamingDecoder(model, tok, form=self.step_form, options=self.options)
         super().__init__(args)  # builds self.states and resets them
         self.device = str(device)
 
@@ -96,6 +98,7 @@ class SimulAgent(TextToTextAgent):
                             help="GMA relaxation offset δ (GMA checkpoints; default: the checkpoint's)")
         parser.add_argument("--beam", type=int, default=1, help="beam size (offline checkpoints)")
         add_step_argument(parser)
+        add_decoding_arguments(parser)
         # --device (cpu, cuda, cuda:1, auto) and --dtype/--fp16 are SimulEval's own options
 
     @classmethod
@@ -121,7 +124,7 @@ class SimulAgent(TextToTextAgent):
             return
         self._close(self.states)
         self.decoder = StreamingDecoder(self.decoder.model.to(device=dev, dtype=dtype), self.tokenizer,
-                                        form=self.step_form)
+                                        form=self.step_form, options=self.options)
         self.device = str(dev)
 
     def policy(self, states: SimulStates | None = None):

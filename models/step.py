@@ -14,6 +14,7 @@ import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
+from models.decoding import DecodingOptions, banned_tokens
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
@@ -29,8 +30,9 @@ MAX_LEN_A, MAX_LEN_B = 2, 10
 
 class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,
-                 form: str | StepForm = "default"):
+                 form: str | StepForm = "default", options: DecodingOptions | None = None):
         self.model = model.eval()
+        self.options = options or DecodingOptions()
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # how the steps run (models/step_form.py): chosen once, checked against the device
@@ -299,6 +301,10 @@ class StreamingDecoder:
                 width *= 2
             rows += [[self.scratch, 0, bos, 1, 1]] * (width - len(rows))
         upload.add("dec_rows", rows, (len(rows), 5))
+        n = self.options.no_repeat_ngram
+        if n:   # (row, token) pairs a WRITE may not choose: they would repeat an n-gram of the row's target
+            bans = [[r, tok] for r, s in enumerate(states) for tok in banned_tokens(s.target_tokens, n)]
+            upload.add("bans", bans, (len(bans), 2))
         # the cache lengths the decoder gathers: the longest target and source of the batch
         return self.bucket(max(r[1] for r in rows)), self.bucket(max(r[3] for r in rows))
 
@@ -331,12 +337,12 @@ class StreamingDecoder:
         if "n" not in info:   # every row READ below the top layer (host shortcut, see decode_step)
             tokens = torch.zeros_like(need)
         elif self.sync_free:  # scores for every row: a mask of the writing rows would synchronise
-            tokens = self.scores(hidden).argmax(-1)
+            tokens = self._choose(hidden, None, finished, sent.get("bans"))
         else:                 # on the host the mask is free and saves the READ rows' output projection
             tokens = torch.zeros_like(need)
             keep = ~read
             if keep.any():
-                tokens[keep] = self.scores(hidden[keep]).argmax(-1)
+                tokens[keep] = self._choose(hidden[keep], keep, finished[keep], sent.get("bans"))
         # EOS before the source has ended is a READ (the reference agents' rule): a translation
         # ends with its sentence, not while the speaker is still talking
         early = ~read & (tokens == cfg.eos_id) & ~finished
@@ -368,6 +374,22 @@ class StreamingDecoder:
                                  "attention": [a[r].mean(0)[: s.available].tolist() for a in info["attention"]]})
             outs.append(self._write(s, token))
         return outs
+
+    def _choose(self, hidden: torch.Tensor, keep: torch.Tensor | None, finished: torch.Tensor,
+                bans: torch.Tensor | None) -> torch.Tensor:
+        """The token each row of `hidden` writes if it WRITEs: the best one the decoding options
+        allow. keep: which batch rows `hidden` holds (None: all of them, in order)."""
+        logits = self.scores(hidden)
+        if self.options.early_eos == "write":   # no EOS before the source has ended
+            eos = self.cfg.eos_id
+            logits[:, eos] = torch.where(finished, logits[:, eos], torch.full_like(logits[:, eos], float("-inf")))
+        if bans is not None and len(bans):
+            rows, toks = bans.unbind(1)
+            if keep is not None:   # batch rows -> rows of `hidden` (bans of READ rows are dropped)
+                kept = keep[rows]
+                rows, toks = (torch.cumsum(keep, 0) - 1)[rows[kept]], toks[kept]
+            logits[rows, toks] = float("-inf")
+        return logits.argmax(-1)
 
     def _write(self, s: StreamState, token: int) -> StepOutput:
         """Commit one target token; release the words it completes."""

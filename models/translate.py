@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from models.step import StreamingDecoder
+from models.decoding import add_decoding_arguments, decoding_options
 from models.step_form import add_step_argument
 
 
@@ -112,6 +113,7 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA)")
     add_step_argument(p)
+    add_decoding_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -122,7 +124,7 @@ def run(args) -> int:
     from models.shipped import resolve_checkpoint
     device = pick_device(args.device)
     model, tok, _ = load_checkpoint(resolve_checkpoint(args.checkpoint), device, pick_dtype(args.dtype, device))
-    decoder = StreamingDecoder(model, tok, form=args.step)
+    decoder = StreamingDecoder(model, tok, form=args.step, options=decoding_options(args))
     src = open(args.input, encoding="utf-8") if args.input else sys.stdin
     sentences = [line.rstrip("\n") for line in src]
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout

@@ -22,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
+from models.decoding import DecodingOptions
 from server.engine import ModelEngine
 from server.guard import RATE_EXTENSION, SUBPROTOCOL, IpLimits, TokenBucket, key_from_subprotocols
 from server.metrics import Metrics
@@ -38,12 +39,12 @@ PLACEHOLDER = """<!doctype html><meta charset="utf-8"><title>simulserve</title>
 see <a href="/docs">/docs</a>, <a href="/v1/models">/v1/models</a>, <a href="/v1/protocol">/v1/protocol</a>.</p>"""
 
 
-def _load_decoder(path, device, dtype, step="default"):
+def _load_decoder(path, device, dtype, step="default", options=None):
     """A checkpoint's streaming decoder, keeping only the inference copy of the weights."""
     from models.checkpoint import load_checkpoint
     from models.step import StreamingDecoder
     model, tok, _ = load_checkpoint(path, device, dtype)
-    decoder = StreamingDecoder(model, tok, form=step)
+    decoder = StreamingDecoder(model, tok, form=step, options=options)
     decoder.release_model()   # a server never saves, moves or trains the model
     return decoder
 
@@ -72,7 +73,8 @@ class ServerState:
             dtype = pick_dtype(s.dtype, device)
             for name, path in self.checkpoints.items():
                 # loading and packing the weights is model work: off the event loop
-                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, self.settings.step)
+                options = DecodingOptions(no_repeat_ngram=s.no_repeat_ngram, early_eos=s.early_eos)
+                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, s.step, options)
                 eng = ModelEngine(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
                                   batch_window_ms=s.batch_window_ms, continuations=s.continuations,

@@ -21,6 +21,10 @@ FLAGS = {
     "--step": ("step", {"help": "the step's form: auto (default: int8 on a CPU with float32 weights, else "
                                 "default), default (float32), int8 (int8 weights, CPU), compiled (torch.compile, "
                                 "CUDA graphs on CUDA), host, sync-free, static, plain (docs/benchmarks.md)"}),
+    "--no-repeat-ngram": ("no_repeat_ngram", {"type": int, "help": "never write a subword that repeats an N-gram "
+                                                                   "of the sentence's translation (default 0: off)"}),
+    "--early-eos": ("early_eos", {"help": "an EOS before the source has ended: read (default: wait for the next "
+                                          "word) or write (the best other token)"}),
     "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),

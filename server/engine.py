@@ -94,6 +94,8 @@ class ModelEngine:
                 "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
                 "dtype": str(self.dec.dtype).removeprefix("torch."), "step_form": self.dec.form.describe(),
+                "decoding": {"no_repeat_ngram": self.dec.options.no_repeat_ngram,
+                             "early_eos": self.dec.options.early_eos},
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},
                 "active_streams": len(self.handles)}
 

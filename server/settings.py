@@ -39,6 +39,11 @@ class ServerSettings(BaseSettings):
                                "compiled (torch.compile with padded shapes, CUDA graphs on CUDA; each new shape "
                                "compiles once, which takes seconds to minutes); host, sync-free, static, plain. "
                                "`eager` = default")
+    no_repeat_ngram: int = Field(0, ge=0, le=16, description="never write a subword that repeats an N-gram of the "
+                                                           "sentence's translation (0: off)")
+    early_eos: Literal["read", "write"] = Field("read", description="an EOS before the source has ended: read "
+                                                                    "(wait for the next word) or write (the best "
+                                                                    "other token)")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (`serve` default: CPUs - 1)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "

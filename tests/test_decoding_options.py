@@ -1,0 +1,133 @@
+"""Decoding options (models/decoding.py): no repeated n-grams, EOS before the source ends. Each holds
+in the one step, keeps the equivalences (batched = single stream, streaming = full computation), and
+reaches every front end."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from conftest import POLICIES, random_decoder
+from test_streaming_equivalence import SENTENCES, teacher_forced
+
+from models.checkpoint import load_checkpoint
+from models.decoding import DecodingError, DecodingOptions, banned_tokens
+from models.data.synthetic import make_pairs
+from models.step import StreamingDecoder
+from models.translate import simulate
+
+LONGER = [s for s, _ in make_pairs(12, min_len=10, max_len=20, seed=44)]
+
+
+def with_options(dec, **kw) -> StreamingDecoder:
+    return StreamingDecoder(dec.model, dec.tok, options=DecodingOptions(**kw))
+
+
+def tokens_of(dec, sentences, **kw) -> list[tuple[list[int], list[int]]]:
+    """(target ids, their delays) of each sentence."""
+    _, states = simulate(dec, sentences, record=True, **kw)
+    return [(s.target_tokens, s.token_delays) for s in states]
+
+
+def ngrams(tokens, n):
+    return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def test_banned_tokens():
+    assert banned_tokens([1, 2, 3, 1, 2], 3) == [3]
+    assert banned_tokens([1, 2, 3, 1, 2], 2) == [3]          # (2, 3) is there; (2, x) for x = 3
+    assert banned_tokens([5, 5], 2) == [5]
+    assert banned_tokens([4, 1, 4, 2, 4], 2) == [1, 2]
+    assert banned_tokens([1, 2, 3], 2) == [] and banned_tokens([], 3) == [] and banned_tokens([7], 0) == []
+    with pytest.raises(DecodingError):
+        DecodingOptions(no_repeat_ngram=-1)
+    with pytest.raises(DecodingError):
+        DecodingOptions(early_eos="never")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_no_repeated_ngram_is_written_and_streams_stay_exact(policy, word_tok):
+    """An untrained model repeats itself freely: with the rule, no target n-gram occurs twice; the
+    rule changes outputs (it is not idle); batched = single stream and chunked = word by word still."""
+    plain = random_decoder(word_tok, policy, seed=8)
+    dec = with_options(plain, no_repeat_ngram=2)
+    before = tokens_of(plain, LONGER, batch_size=4)
+    after = tokens_of(dec, LONGER, batch_size=4)
+    assert any(len(set(ngrams(t, 2))) < len(ngrams(t, 2)) for t, _ in before)
+    for t, _ in after:
+        body = t[:-1] if t[-1:] == [dec.cfg.eos_id] else t
+        assert len(set(ngrams(body, 2))) == len(ngrams(body, 2)), t
+    alone = [tokens_of(dec, [s], batch_size=1)[0] for s in LONGER]
+    whole = tokens_of(dec, LONGER, whole_sentence=True, batch_size=5)
+    assert alone == after == whole
+    sync_free = StreamingDecoder(plain.model, word_tok, form="sync-free", options=dec.options)
+    assert tokens_of(sync_free, LONGER, batch_size=4) == after
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_rule_equals_full_computation_with_the_same_bans(policy, trained_decoders):
+    """Teacher forcing over the whole written target, with each position's banned tokens removed
+    from its logits, chooses exactly the tokens the stream wrote."""
+    dec = with_options(trained_decoders[policy], no_repeat_ngram=2)
+    _, states = simulate(dec, SENTENCES + LONGER[:4], record=True, batch_size=4)
+    for state in states:
+        logits, _ = teacher_forced(dec, state)
+        logits = logits[0].clone()
+        for i in range(len(state.target_tokens)):
+            ban = banned_tokens(state.target_tokens[:i], 2)
+            logits[i, ban] = float("-inf")
+        if dec._max_target_len(state) > len(state.target_tokens) - 1:
+            assert logits.argmax(-1).tolist()[:-1] == state.target_tokens[:-1]
+
+
+def test_early_eos_write_keeps_writing_until_the_source_ends(trained_decoders):
+    """The tiny wait-k model, trained on shorter sentences, says EOS before these end. With early_eos=read each such EOS is a READ, and
+    the writes fall behind the wait-k schedule; with write, every token comes exactly on schedule
+    (token i after min(k + i, all) source positions) and only the last one is EOS."""
+    plain = trained_decoders["waitk"]
+    dec = with_options(plain, early_eos="write")
+    k = 2
+
+    def off_schedule(results):
+        late = 0
+        for r in results:
+            full = r.source_subwords + 1
+            late += sum(t != min(k + i, full) for i, t in enumerate(r.token_delays))
+        return late
+    reads, writes = (simulate(d, LONGER, batch_size=4, k=k) for d in (plain, dec))
+    ids = tokens_of(dec, LONGER, batch_size=4, k=k)
+    assert off_schedule(reads) > 0
+    assert off_schedule(writes) == 0
+    for t, _ in ids:
+        assert dec.cfg.eos_id not in t[:-1]
+    assert [tokens_of(dec, [s], batch_size=1, k=k)[0] for s in LONGER] == ids
+
+
+def test_front_ends_take_the_options(trained, tmp_path, capsys):
+    from clients.cli import main
+    src = tmp_path / "in.de"
+    src.write_text("\n".join(LONGER[:4]) + "\n")
+    out = tmp_path / "o.jsonl"
+    assert main(["translate", "-m", str(trained["gma"]), "-i", str(src), "-o", str(out), "--no-repeat-ngram", "2",
+                 "--early-eos", "write"]) == 0
+    model, tok, _ = load_checkpoint(trained["gma"])
+    want = simulate(StreamingDecoder(model, tok, options=DecodingOptions(2, "write")), LONGER[:4])
+    assert [json.loads(line)["prediction"] for line in out.read_text().splitlines()] == [r.prediction for r in want]
+    assert main(["translate", "-m", str(trained["gma"]), "-i", str(src), "--no-repeat-ngram", "-2"]) == 2
+    assert "no_repeat_ngram must be an integer" in capsys.readouterr().err
+
+
+def test_server_applies_the_options(trained):
+    import httpx
+    from test_server import LiveServer, assert_matches, sentence_messages, talk
+    model, tok, _ = load_checkpoint(trained["waitk"])
+    dec = StreamingDecoder(model, tok, options=DecodingOptions(no_repeat_ngram=2, early_eos="write"))
+    sentences = LONGER[:3]
+    with LiveServer(models={"waitk": str(trained["waitk"])}, no_repeat_ngram=2, early_eos="write",
+                    rate_limit=10000, rate_burst=10000) as srv:
+        info = httpx.get(srv.http + "/v1/models").json()["models"][0]
+        assert info["decoding"] == {"no_repeat_ngram": 2, "early_eos": "write"}
+        received, code = asyncio.run(talk(srv.url, [{"type": "start", "model": "waitk", "k": 2}]
+                                          + sentence_messages(sentences) + [{"type": "end_stream"}]))
+    assert code == 1000
+    assert_matches(received, [simulate(dec, [s], batch_size=1, k=2)[0] for s in sentences])
