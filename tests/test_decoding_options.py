@@ -131,3 +131,32 @@ def test_server_applies_the_options(trained):
                                           + sentence_messages(sentences) + [{"type": "end_stream"}]))
     assert code == 1000
     assert_matches(received, [simulate(dec, [s], batch_size=1, k=2)[0] for s in sentences])
+
+
+def test_decoding_table_counts_repeats_the_reference_does_not_have(tmp_path, trained):
+    """recipes/decoding_table.py on two real `evaluate` runs (without and with the rule)."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("decoding_table", root / "recipes" / "decoding_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert table.repeats("ten minutes ten minutes", "the train is ten minutes late", 2)
+    assert not table.repeats("of the house of the king", "of the house of the king", 2)
+    assert not table.repeats("a b c", "a b c", 2)
+    src, ref = tmp_path / "t.de", tmp_path / "t.en"
+    pairs = make_pairs(6, min_len=8, max_len=14, seed=5)
+    src.write_text("\n".join(s for s, _ in pairs) + "\n")
+    ref.write_text("\n".join(t for _, t in pairs) + "\n")
+    for name, extra in (("before", []), ("after", ["--no-repeat-ngram", "2"])):
+        r = subprocess.run([sys.executable, "-m", "clients.cli", "evaluate", "-m", str(trained["waitk"]), "--k", "2",
+                            "--source", str(src), "--reference", str(ref), "-o", str(tmp_path / name), "--quiet",
+                            *extra], cwd=root, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    out = subprocess.run([sys.executable, str(root / "recipes" / "decoding_table.py"), str(tmp_path / "before"),
+                          str(tmp_path / "after")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "k=2" in line]
+    assert len(rows) == 1 and "BLEU falls on" in out.stdout
