@@ -1,9 +1,10 @@
-"""`simulserve bench engine|step|server|abuse`: benchmarks that print their figures (never asserted in tests)."""
+"""`simulserve bench engine|step|peer|server|abuse`: benchmarks that print their figures (never asserted in tests)."""
 from __future__ import annotations
 
 import argparse
 import json
 
+PEER_SOURCE = "data/de-en-everyday/test.everyday.de"
 DEVICE_HELP = "auto (default: cuda when available, else cpu), cpu, cuda, cuda:N"
 
 
@@ -15,6 +16,7 @@ def register(sub) -> None:
         epilog="examples:\n"
                "  simulserve bench engine -m gma_delta1 --count 3\n"
                "  simulserve bench step --gemm\n"
+               "  simulserve bench peer --sentences 500\n"
                "  simulserve bench server --checkpoint gma_delta1 --levels 1,10,25 --skip soak",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_subparsers(dest="bench", metavar="WHAT")
@@ -80,6 +82,27 @@ def register(sub) -> None:
                          "bfloat16")
     st.add_argument("--json", help="also write the rows here")
     st.set_defaults(func=run_step)
+    pe = which.add_parser(
+        "peer", help="offline decoding side by side with CTranslate2 (the [peer] extra)",
+        description="The checkpoint converted to CTranslate2 (simulserve convert-ctranslate2) and the project's "
+                    "offline decoding translate the same sentences whole, greedy, in one run: target tokens/s "
+                    "(EOS included) per batch size and precision, and outputs identical token for token. "
+                    "One torch thread and CTranslate2 intra_threads=1 unless --threads says otherwise.",
+        epilog="examples:\n  simulserve bench peer --sentences 500\n"
+               "  simulserve bench peer --source data/de-en-everyday/test.dialogue.de --batch-sizes 1,8,32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pe.add_argument("--checkpoint", "-m", default="offline", help="checkpoint dir or shipped name (an offline model)")
+    pe.add_argument("--source", default=PEER_SOURCE, help=f"sentences, one per line (default {PEER_SOURCE})")
+    pe.add_argument("--sentences", type=int, default=500, help="the first N lines (default 500)")
+    pe.add_argument("--batch-sizes", default="1,32", help="sentences decoded together (default 1,32)")
+    pe.add_argument("--precisions", default="float32,int8",
+                    help="float32 and/or int8 (CTranslate2's compute type; the project's step form, where it "
+                         "has one for that precision)")
+    pe.add_argument("--rounds", type=int, default=1, help="timed rounds, the two engines alternating; medians")
+    pe.add_argument("--threads", type=int, default=1, help="torch threads and CTranslate2 intra_threads")
+    pe.add_argument("--ct2-dir", help="keep the converted CTranslate2 model here (default: a temporary directory)")
+    pe.add_argument("--json", help="also write the rows here")
+    pe.set_defaults(func=run_peer)
     try:
         from server.bench import add_server_bench_args, run_server_bench
     except ImportError:
@@ -200,6 +223,52 @@ def run_step(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def run_peer(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from models.benchmarks.peer import NO_PATH, PROJECT_FORMS, bench_peer
+    from models.ctranslate2_peer import COMPUTE_TYPES, import_ctranslate2
+    from models.errors import UserError
+    ct2 = import_ctranslate2()
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    bad = [p for p in precisions if p not in COMPUTE_TYPES]
+    if bad or not precisions:
+        raise UserError(f"--precisions: choose from {', '.join(COMPUTE_TYPES)}, got {args.precisions!r}")
+    if args.rounds < 1 or args.threads < 1 or args.sentences < 1:
+        raise UserError("--rounds, --threads and --sentences must be at least 1")
+    sizes = _sizes(args.batch_sizes, "--batch-sizes")
+    lines = [x for x in _source_lines(args.source) if x.strip()][: args.sentences]
+    torch.set_num_threads(args.threads)
+    with tqdm(total=len(precisions) * len(sizes) * args.rounds, desc="simulserve vs CTranslate2", unit="run") as bar:
+        rows = bench_peer(args.checkpoint, lines, sizes, precisions, args.rounds, args.ct2_dir, args.threads,
+                          progress=bar)
+    print(f"\n{args.checkpoint}: {len(lines)} sentences of {args.source}, whole sentence, greedy; "
+          f"{args.threads} thread(s) (torch, CTranslate2 {ct2.__version__} intra_threads); target tokens/s "
+          f"with EOS, median of {args.rounds} round(s)")
+    print("| precision | batch | simulserve tokens/s | CTranslate2 tokens/s | CTranslate2 / simulserve | goal | "
+          "identical (same precision) | identical to simulserve float32 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    n = len(lines)
+    for r in rows:
+        ours = NO_PATH if r["simulserve_tokens_per_s"] is None else f"{r['simulserve_tokens_per_s']:.0f}"
+        ratio = "n/a" if r["ctranslate2_over_simulserve"] is None else f"{r['ctranslate2_over_simulserve']:.2f}x"
+        goal = "" if r["goal"] is None else f"<= {r['goal']:g}x"
+        if r["goal"] is not None and r["ctranslate2_over_simulserve"] is not None:
+            goal += " met" if r["ctranslate2_over_simulserve"] <= r["goal"] else " MISSED"
+        same = "n/a" if r["identical"] is None else f"{r['identical']}/{n}"
+        ref = "n/a" if r["identical_to_float32"] is None else f"{r['identical_to_float32']}/{n}"
+        print(f"| {r['precision']} | {r['batch_size']} | {ours} | {r['ctranslate2_tokens_per_s']:.0f} | {ratio} | "
+              f"{goal} | {same} | {ref} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"checkpoint": str(args.checkpoint), "source": args.source, "threads": args.threads,
+                       "ctranslate2": ct2.__version__, "project_forms": [p for p, f in PROJECT_FORMS.items() if f],
+                       "rows": rows}, f, indent=1)
+    # float32 outputs must match: anything else is a bug in one model code or the converter
+    return 0 if all(r["identical"] in (None, n) for r in rows if r["precision"] == "float32") else 1
 
 
 def run_engine(args) -> int:

@@ -1,0 +1,97 @@
+"""`simulserve bench peer`: the project's offline decoding side by side with CTranslate2.
+
+The same checkpoint, converted (models/ctranslate2_peer.py), translates the same sentences whole,
+greedy, in both: target tokens per second at each batch size and precision, and how many outputs
+are identical token for token. In float32 every output should be (the model code checked against
+an independent implementation); at int8 CTranslate2 quantises, so some differ.
+
+The project side is a "step form" per precision: a function building the StreamingDecoder that
+runs it, driven through models/translate.py's `simulate` like `simulserve translate --offline`.
+A precision without a form is reported as NO_PATH.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+from models.ctranslate2_peer import CTranslate2Peer, convert
+from models.step import StreamingDecoder
+from models.translate import simulate
+
+NO_PATH = "n/a (no int8 path yet)"
+
+
+def _float32(model, tok) -> StreamingDecoder:
+    return StreamingDecoder(model, tok)
+
+
+# precision -> builds the project's decoder for it (model loaded in float32), or None: no such path yet
+PROJECT_FORMS: dict[str, Callable | None] = {"float32": _float32, "int8": None}
+# the issue's goal: CTranslate2's throughput over ours at most this much, per batch size
+GOALS = {1: 3.0, 32: 1.5}
+
+
+def _project_run(decoder, sentences, batch_size):
+    ids = []
+    t0 = time.perf_counter()
+    simulate(decoder, sentences, whole_sentence=True, batch_size=batch_size, tokens_out=ids)
+    wall = time.perf_counter() - t0
+    return [x[:-1] if x and x[-1] == decoder.cfg.eos_id else x for x in ids], wall
+
+
+def _peer_run(peer, sentences, batch_size):
+    t0 = time.perf_counter()
+    ids, _ = peer.translate(sentences, batch_size)
+    return ids, time.perf_counter() - t0
+
+
+def _tokens(outputs) -> int:
+    """Target tokens written, EOS included (the project's count: every sentence ends with one)."""
+    return sum(len(x) + 1 for x in outputs)
+
+
+def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions=("float32", "int8"),
+               rounds: int = 1, ct2_dir=None, threads: int = 1, progress=None) -> list[dict]:
+    """Rows per (precision, batch size): tokens/s of both (median of `rounds`, the two alternating),
+    CTranslate2's over ours, and identical outputs against the project at that precision
+    (None without a path) and against the project's float32."""
+    from models.checkpoint import load_checkpoint
+    from models.shipped import resolve_checkpoint
+    model, tok, _ = load_checkpoint(resolve_checkpoint(str(checkpoint)))
+    with tempfile.TemporaryDirectory() as tmp:
+        ct2_dir = convert(checkpoint, ct2_dir or f"{tmp}/ct2", force=True)
+        rows, reference = [], {}
+        for precision in precisions:
+            form = PROJECT_FORMS.get(precision)
+            ours = form(model, tok) if form else None
+            peer = CTranslate2Peer(ct2_dir, tok, model.cfg, compute_type=precision, threads=threads)
+            warm = sentences[:4]   # first calls pay one-time costs (weight packing, allocations)
+            peer.translate(warm, len(warm))
+            if ours is not None:
+                simulate(ours, warm, whole_sentence=True, batch_size=len(warm))
+            for b in batch_sizes:
+                ours_walls, peer_walls, ours_ids, peer_ids = [], [], None, None
+                for _ in range(rounds):
+                    if ours is not None:
+                        ours_ids, wall = _project_run(ours, sentences, b)
+                        ours_walls.append(wall)
+                    peer_ids, wall = _peer_run(peer, sentences, b)
+                    peer_walls.append(wall)
+                    if progress is not None:
+                        progress.update(1)
+                if precision == "float32" and ours_ids is not None:
+                    reference[b] = ours_ids
+                same = lambda a: None if a is None else sum(x == y for x, y in zip(a, peer_ids))  # noqa: E731
+                ours_rate = _tokens(ours_ids) / statistics.median(ours_walls) if ours_ids is not None else None
+                peer_rate = _tokens(peer_ids) / statistics.median(peer_walls)
+                rows.append({
+                    "precision": precision, "batch_size": b, "sentences": len(sentences),
+                    "simulserve_tokens": None if ours_ids is None else _tokens(ours_ids),
+                    "simulserve_tokens_per_s": ours_rate,
+                    "ctranslate2_tokens": _tokens(peer_ids), "ctranslate2_tokens_per_s": peer_rate,
+                    "ctranslate2_over_simulserve": None if ours_rate is None else peer_rate / ours_rate,
+                    "goal": GOALS.get(b), "identical": same(ours_ids),
+                    "identical_to_float32": same(reference.get(b))})
+    return rows
