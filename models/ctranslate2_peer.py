@@ -181,7 +181,8 @@ class CTranslate2Peer:
         caps = [self.cap(len(s)) for s in sources]
         results = self.translator.translate_batch(
             [[sp.id_to_piece(i) for i in s] for s in sources], beam_size=1, max_batch_size=0,
-            max_decoding_length=max(caps), return_scores=False)
+            max_decoding_length=max(caps), min_decoding_length=0,   # ours may end at once (default: 1)
+            max_input_length=0, return_scores=False)
         # greedy is prefix-stable: the batch's one length limit, then each sentence's own cap
         return [[sp.piece_to_id(x) for x in r.hypotheses[0][:c]] for r, c in zip(results, caps)]
 
