@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-PEER_SOURCE = "data/de-en-everyday/test.everyday.de"
+# everyday German: the everyday set (260 lines), then the dialogue set (games' conversations)
+PEER_SOURCE = "data/de-en-everyday/test.everyday.de,data/de-en-everyday/test.dialogue.de"
 DEVICE_HELP = "auto (default: cuda when available, else cpu), cpu, cuda, cuda:N"
 
 
@@ -92,7 +93,8 @@ def register(sub) -> None:
                "  simulserve bench peer --source data/de-en-everyday/test.dialogue.de --batch-sizes 1,8,32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     pe.add_argument("--checkpoint", "-m", default="offline", help="checkpoint dir or shipped name (an offline model)")
-    pe.add_argument("--source", default=PEER_SOURCE, help=f"sentences, one per line (default {PEER_SOURCE})")
+    pe.add_argument("--source", default=PEER_SOURCE,
+                    help=f"sentences, one per line; several files comma-separated, read in order (default {PEER_SOURCE})")
     pe.add_argument("--sentences", type=int, default=500, help="the first N lines (default 500)")
     pe.add_argument("--batch-sizes", default="1,32", help="sentences decoded together (default 1,32)")
     pe.add_argument("--precisions", default="float32,int8",
@@ -240,12 +242,12 @@ def run_peer(args) -> int:
     if args.rounds < 1 or args.threads < 1 or args.sentences < 1:
         raise UserError("--rounds, --threads and --sentences must be at least 1")
     sizes = _sizes(args.batch_sizes, "--batch-sizes")
-    lines = [x for x in _source_lines(args.source) if x.strip()][: args.sentences]
+    lines = [x for path in args.source.split(",") for x in _source_lines(path) if x.strip()][: args.sentences]
     torch.set_num_threads(args.threads)
     with tqdm(total=len(precisions) * len(sizes) * args.rounds, desc="simulserve vs CTranslate2", unit="run") as bar:
         rows = bench_peer(args.checkpoint, lines, sizes, precisions, args.rounds, args.ct2_dir, args.threads,
                           progress=bar)
-    print(f"\n{args.checkpoint}: {len(lines)} sentences of {args.source}, whole sentence, greedy; "
+    print(f"\n{args.checkpoint}: the first {len(lines)} sentences of {args.source}, whole sentence, greedy; "
           f"{args.threads} thread(s) (torch, CTranslate2 {ct2.__version__} intra_threads); target tokens/s "
           f"with EOS, median of {args.rounds} round(s)")
     print("| precision | batch | simulserve tokens/s | CTranslate2 tokens/s | CTranslate2 / simulserve | goal | "
