@@ -248,22 +248,24 @@ def run_peer(args) -> int:
         rows = bench_peer(args.checkpoint, lines, sizes, precisions, args.rounds, args.ct2_dir, args.threads,
                           progress=bar)
     print(f"\n{args.checkpoint}: the first {len(lines)} sentences of {args.source}, whole sentence, greedy; "
-          f"{args.threads} thread(s) (torch, CTranslate2 {ct2.__version__} intra_threads); target tokens/s "
-          f"with EOS, median of {args.rounds} round(s)")
+          f"{args.threads} thread(s) (torch, CTranslate2 {ct2.__version__} intra_threads); target tokens (EOS "
+          f"included) per CPU second of the process, per wall second in brackets; median of {args.rounds} round(s)")
     print("| precision | batch | simulserve tokens/s | CTranslate2 tokens/s | CTranslate2 / simulserve | goal | "
           "identical (same precision) | identical to simulserve float32 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     n = len(lines)
     for r in rows:
-        ours = NO_PATH if r["simulserve_tokens_per_s"] is None else f"{r['simulserve_tokens_per_s']:.0f}"
-        ratio = "n/a" if r["ctranslate2_over_simulserve"] is None else f"{r['ctranslate2_over_simulserve']:.2f}x"
+        ours = (NO_PATH if r["simulserve_tokens_per_s"] is None else
+                f"{r['simulserve_tokens_per_cpu_s']:.0f} ({r['simulserve_tokens_per_s']:.0f})")
+        theirs = f"{r['ctranslate2_tokens_per_cpu_s']:.0f} ({r['ctranslate2_tokens_per_s']:.0f})"
+        ratio = "n/a" if r["ctranslate2_over_simulserve"] is None else \
+            f"{r['ctranslate2_over_simulserve']:.2f}x ({r['ctranslate2_over_simulserve_wall']:.2f}x)"
         goal = "" if r["goal"] is None else f"<= {r['goal']:g}x"
         if r["goal"] is not None and r["ctranslate2_over_simulserve"] is not None:
             goal += " met" if r["ctranslate2_over_simulserve"] <= r["goal"] else " MISSED"
         same = "n/a" if r["identical"] is None else f"{r['identical']}/{n}"
         ref = "n/a" if r["identical_to_float32"] is None else f"{r['identical_to_float32']}/{n}"
-        print(f"| {r['precision']} | {r['batch_size']} | {ours} | {r['ctranslate2_tokens_per_s']:.0f} | {ratio} | "
-              f"{goal} | {same} | {ref} |")
+        print(f"| {r['precision']} | {r['batch_size']} | {ours} | {theirs} | {ratio} | {goal} | {same} | {ref} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"checkpoint": str(args.checkpoint), "source": args.source, "threads": args.threads,

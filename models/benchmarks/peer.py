@@ -33,18 +33,25 @@ PROJECT_FORMS: dict[str, Callable | None] = {"float32": _float32, "int8": None}
 GOALS = {1: 3.0, 32: 1.5}
 
 
+def _clocks() -> tuple[float, float]:
+    """(wall, CPU time of this process, every thread): on a shared machine the CPU time is what
+    the work itself took, the wall time also counts the other processes' turns on the cores."""
+    return time.perf_counter(), time.process_time()
+
+
 def _project_run(decoder, sentences, batch_size):
     ids = []
-    t0 = time.perf_counter()
+    w0, c0 = _clocks()
     simulate(decoder, sentences, whole_sentence=True, batch_size=batch_size, tokens_out=ids)
-    wall = time.perf_counter() - t0
-    return [x[:-1] if x and x[-1] == decoder.cfg.eos_id else x for x in ids], wall
+    w1, c1 = _clocks()
+    return [x[:-1] if x and x[-1] == decoder.cfg.eos_id else x for x in ids], w1 - w0, c1 - c0
 
 
 def _peer_run(peer, sentences, batch_size):
-    t0 = time.perf_counter()
+    w0, c0 = _clocks()   # CTranslate2 computes in its own worker thread: process time counts it
     ids, _ = peer.translate(sentences, batch_size)
-    return ids, time.perf_counter() - t0
+    w1, c1 = _clocks()
+    return ids, w1 - w0, c1 - c0
 
 
 def _tokens(outputs) -> int:
@@ -54,9 +61,9 @@ def _tokens(outputs) -> int:
 
 def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions=("float32", "int8"),
                rounds: int = 1, ct2_dir=None, threads: int = 1, progress=None) -> list[dict]:
-    """Rows per (precision, batch size): tokens/s of both (median of `rounds`, the two alternating),
-    CTranslate2's over ours, and identical outputs against the project at that precision
-    (None without a path) and against the project's float32."""
+    """Rows per (precision, batch size): tokens per wall second and per CPU second of both (median
+    of `rounds`, the two alternating), CTranslate2's over ours (CPU time), and identical outputs
+    against the project at that precision (None without a path) and against its float32."""
     from models.checkpoint import load_checkpoint
     from models.shipped import resolve_checkpoint
     model, tok, _ = load_checkpoint(resolve_checkpoint(str(checkpoint)))
@@ -72,26 +79,34 @@ def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions
             if ours is not None:
                 simulate(ours, warm, whole_sentence=True, batch_size=len(warm))
             for b in batch_sizes:
-                ours_walls, peer_walls, ours_ids, peer_ids = [], [], None, None
+                times = {"ours": ([], []), "peer": ([], [])}   # (walls, CPU times)
+                ours_ids = peer_ids = None
                 for _ in range(rounds):
                     if ours is not None:
-                        ours_ids, wall = _project_run(ours, sentences, b)
-                        ours_walls.append(wall)
-                    peer_ids, wall = _peer_run(peer, sentences, b)
-                    peer_walls.append(wall)
+                        ours_ids, wall, cpu = _project_run(ours, sentences, b)
+                        times["ours"][0].append(wall)
+                        times["ours"][1].append(cpu)
+                    peer_ids, wall, cpu = _peer_run(peer, sentences, b)
+                    times["peer"][0].append(wall)
+                    times["peer"][1].append(cpu)
                     if progress is not None:
                         progress.update(1)
                 if precision == "float32" and ours_ids is not None:
                     reference[b] = ours_ids
                 same = lambda a: None if a is None else sum(x == y for x, y in zip(a, peer_ids))  # noqa: E731
-                ours_rate = _tokens(ours_ids) / statistics.median(ours_walls) if ours_ids is not None else None
-                peer_rate = _tokens(peer_ids) / statistics.median(peer_walls)
-                rows.append({
-                    "precision": precision, "batch_size": b, "sentences": len(sentences),
-                    "simulserve_tokens": None if ours_ids is None else _tokens(ours_ids),
-                    "simulserve_tokens_per_s": ours_rate,
-                    "ctranslate2_tokens": _tokens(peer_ids), "ctranslate2_tokens_per_s": peer_rate,
-                    "ctranslate2_over_simulserve": None if ours_rate is None else peer_rate / ours_rate,
+                rate = lambda ids, ts: None if ids is None else _tokens(ids) / statistics.median(ts)  # noqa: E731
+                row = {"precision": precision, "batch_size": b, "sentences": len(sentences),
+                       "simulserve_tokens": None if ours_ids is None else _tokens(ours_ids),
+                       "ctranslate2_tokens": _tokens(peer_ids)}
+                for who, name, ids in (("ours", "simulserve", ours_ids), ("peer", "ctranslate2", peer_ids)):
+                    row[f"{name}_tokens_per_s"] = rate(ids, times[who][0])
+                    row[f"{name}_tokens_per_cpu_s"] = rate(ids, times[who][1])
+                ours_cpu = row["simulserve_tokens_per_cpu_s"]
+                row.update({
+                    "ctranslate2_over_simulserve": None if ours_cpu is None else row["ctranslate2_tokens_per_cpu_s"] / ours_cpu,
+                    "ctranslate2_over_simulserve_wall": None if ours_ids is None else
+                    row["ctranslate2_tokens_per_s"] / row["simulserve_tokens_per_s"],
                     "goal": GOALS.get(b), "identical": same(ours_ids),
                     "identical_to_float32": same(reference.get(b))})
+                rows.append(row)
     return rows
