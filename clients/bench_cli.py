@@ -103,6 +103,8 @@ def register(sub) -> None:
     pe.add_argument("--rounds", type=int, default=1, help="timed rounds, the two engines alternating; medians")
     pe.add_argument("--threads", type=int, default=1, help="torch threads and CTranslate2 intra_threads")
     pe.add_argument("--ct2-dir", help="keep the converted CTranslate2 model here (default: a temporary directory)")
+    pe.add_argument("--profile", action="store_true",
+                    help="also: one profiled run of the project's side per row, its operator groups' shares")
     pe.add_argument("--json", help="also write the rows here")
     pe.set_defaults(func=run_peer)
     try:
@@ -246,7 +248,7 @@ def run_peer(args) -> int:
     torch.set_num_threads(args.threads)
     with tqdm(total=len(precisions) * len(sizes) * args.rounds, desc="simulserve vs CTranslate2", unit="run") as bar:
         rows = bench_peer(args.checkpoint, lines, sizes, precisions, args.rounds, args.ct2_dir, args.threads,
-                          progress=bar)
+                          progress=bar, profile=args.profile)
     print(f"\n{args.checkpoint}: the first {len(lines)} sentences of {args.source}, whole sentence, greedy; "
           f"{args.threads} thread(s) (torch, CTranslate2 {ct2.__version__} intra_threads); target tokens (EOS "
           f"included) per CPU second of the process, per wall second in brackets; median of {args.rounds} round(s)")
@@ -266,6 +268,24 @@ def run_peer(args) -> int:
         same = "n/a" if r["identical"] is None else f"{r['identical']}/{n}"
         ref = "n/a" if r["identical_to_float32"] is None else f"{r['identical_to_float32']}/{n}"
         print(f"| {r['precision']} | {r['batch_size']} | {ours} | {theirs} | {ratio} | {goal} | {same} | {ref} |")
+    print("\nlinear layers of the run (the same work in both engines; attention products left out), GFLOP and "
+          "GFLOP per CPU second")
+    print("| precision | batch | GFLOP | simulserve GFLOP/s | CTranslate2 GFLOP/s |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        ours = "n/a" if r["simulserve_linear_gflop_per_cpu_s"] is None else f"{r['simulserve_linear_gflop_per_cpu_s']:.1f}"
+        print(f"| {r['precision']} | {r['batch_size']} | {r['ctranslate2_linear_gflop']:.1f} | {ours} | "
+              f"{r['ctranslate2_linear_gflop_per_cpu_s']:.1f} |")
+    if args.profile:
+        print("\nthe project's side, one profiled run per row: share of the operators' own CPU time")
+        groups = list(next(r["simulserve_profile"] for r in rows if "simulserve_profile" in r)) if any(
+            "simulserve_profile" in r for r in rows) else []
+        print("| precision | batch | " + " | ".join(groups) + " |")
+        print("|---|---:|" + "---:|" * len(groups))
+        for r in rows:
+            if "simulserve_profile" in r:
+                print(f"| {r['precision']} | {r['batch_size']} | "
+                      + " | ".join(f"{100 * r['simulserve_profile'][g]:.0f}%" for g in groups) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"checkpoint": str(args.checkpoint), "source": args.source, "threads": args.threads,

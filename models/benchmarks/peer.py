@@ -54,19 +54,53 @@ def _peer_run(peer, sentences, batch_size):
     return ids, w1 - w0, c1 - c0
 
 
+def matmul_flops(cfg, source_positions: int, target_tokens: int) -> float:
+    """FLOPs of the linear layers of an offline whole-sentence translation (the attention's own
+    products left out): every source position (EOS included) through each encoder layer and each
+    decoder layer's cross keys/values, every target token through each decoder layer and the tied
+    output projection. The same for both engines."""
+    d, f = cfg.d_model, cfg.d_ffn
+    layer = 4 * d * d + 2 * d * f                      # q, k, v, out + the two FFN linears
+    per_source = cfg.encoder_layers * layer + cfg.decoder_layers * 2 * d * d
+    per_target = cfg.decoder_layers * (layer + 2 * d * d) + d * cfg.vocab_size
+    return 2.0 * (source_positions * per_source + target_tokens * per_target)
+
+
+OP_GROUPS = (("linears", ("linear", "aten::mm", "aten::addmm", "aten::bmm")),
+             ("attention kernel", ("scaled_dot_product", "flash_attention")),
+             ("cache gathers and writes", ("index_select", "index_put", "aten::index", "gather", "scatter")))
+
+
+def profile_project(decoder, sentences, batch_size) -> dict:
+    """One profiled run of the project's decoding: each operator group's share of the operators' own
+    CPU time (the profiler slows the Python around them, so only shares are reported)."""
+    import torch
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        simulate(decoder, sentences, whole_sentence=True, batch_size=batch_size)
+    shares = dict.fromkeys([g for g, _ in OP_GROUPS] + ["other operators"], 0.0)
+    for e in prof.key_averages():
+        group = next((g for g, keys in OP_GROUPS if any(k in e.key for k in keys)), "other operators")
+        shares[group] += e.self_cpu_time_total
+    total = sum(shares.values()) or 1.0
+    return {g: v / total for g, v in shares.items()}
+
+
 def _tokens(outputs) -> int:
     """Target tokens written, EOS included (the project's count: every sentence ends with one)."""
     return sum(len(x) + 1 for x in outputs)
 
 
 def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions=("float32", "int8"),
-               rounds: int = 1, ct2_dir=None, threads: int = 1, progress=None) -> list[dict]:
+               rounds: int = 1, ct2_dir=None, threads: int = 1, progress=None, profile: bool = False) -> list[dict]:
     """Rows per (precision, batch size): tokens per wall second and per CPU second of both (median
     of `rounds`, the two alternating), CTranslate2's over ours (CPU time), and identical outputs
-    against the project at that precision (None without a path) and against its float32."""
+    against the project at that precision (None without a path) and against its float32; the
+    linears' GFLOP and the rate each engine ran them at (per CPU second); with `profile`, the
+    project's operator groups (profile_project) per row."""
     from models.checkpoint import load_checkpoint
     from models.shipped import resolve_checkpoint
     model, tok, _ = load_checkpoint(resolve_checkpoint(str(checkpoint)))
+    source_positions = sum(len(tok.encode_word(w)) for s in sentences for w in s.split()) + len(sentences)
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = convert(checkpoint, ct2_dir or f"{tmp}/ct2", force=True)
         rows, reference = [], {}
@@ -108,5 +142,12 @@ def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions
                     row["ctranslate2_tokens_per_s"] / row["simulserve_tokens_per_s"],
                     "goal": GOALS.get(b), "identical": same(ours_ids),
                     "identical_to_float32": same(reference.get(b))})
+                for who, name, ids in (("ours", "simulserve", ours_ids), ("peer", "ctranslate2", peer_ids)):
+                    flops = None if ids is None else matmul_flops(model.cfg, source_positions, _tokens(ids))
+                    row[f"{name}_linear_gflop"] = None if flops is None else flops / 1e9
+                    row[f"{name}_linear_gflop_per_cpu_s"] = None if flops is None else \
+                        flops / 1e9 / statistics.median(times[who][1])
+                if profile and ours is not None:
+                    row["simulserve_profile"] = profile_project(ours, sentences, b)
                 rows.append(row)
     return rows
