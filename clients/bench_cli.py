@@ -104,7 +104,8 @@ def register(sub) -> None:
     pe.add_argument("--threads", type=int, default=1, help="torch threads and CTranslate2 intra_threads")
     pe.add_argument("--ct2-dir", help="keep the converted CTranslate2 model here (default: a temporary directory)")
     pe.add_argument("--profile", action="store_true",
-                    help="also: one profiled run of the project's side per row, its operator groups' shares")
+                    help="also: one profiled run of the project's side per row (the first max(16, 2 x batch) "
+                         "sentences), its operator groups' shares of the operators' CPU time")
     pe.add_argument("--json", help="also write the rows here")
     pe.set_defaults(func=run_peer)
     try:
@@ -277,7 +278,8 @@ def run_peer(args) -> int:
         print(f"| {r['precision']} | {r['batch_size']} | {r['ctranslate2_linear_gflop']:.1f} | {ours} | "
               f"{r['ctranslate2_linear_gflop_per_cpu_s']:.1f} |")
     if args.profile:
-        print("\nthe project's side, one profiled run per row: share of the operators' own CPU time")
+        print("\nthe project's side, one profiled run per row on the first max(16, 2 x batch) sentences: share of "
+              "the operators' own CPU time")
         groups = list(next(r["simulserve_profile"] for r in rows if "simulserve_profile" in r)) if any(
             "simulserve_profile" in r for r in rows) else []
         print("| precision | batch | " + " | ".join(groups) + " |")
