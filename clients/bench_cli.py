@@ -94,7 +94,8 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     pe.add_argument("--checkpoint", "-m", default="offline", help="checkpoint dir or shipped name (an offline model)")
     pe.add_argument("--source", default=PEER_SOURCE,
-                    help=f"sentences, one per line; several files comma-separated, read in order (default {PEER_SOURCE})")
+                    help="sentences, one per line; several files comma-separated, read in order "
+                         f"(default {PEER_SOURCE})")
     pe.add_argument("--sentences", type=int, default=500, help="the first N lines (default 500)")
     pe.add_argument("--batch-sizes", default="1,32", help="sentences decoded together (default 1,32)")
     pe.add_argument("--precisions", default="float32,int8",
@@ -274,7 +275,8 @@ def run_peer(args) -> int:
     print("| precision | batch | GFLOP | simulserve GFLOP/s | CTranslate2 GFLOP/s |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        ours = "n/a" if r["simulserve_linear_gflop_per_cpu_s"] is None else f"{r['simulserve_linear_gflop_per_cpu_s']:.1f}"
+        rate = r["simulserve_linear_gflop_per_cpu_s"]
+        ours = "n/a" if rate is None else f"{rate:.1f}"
         print(f"| {r['precision']} | {r['batch_size']} | {r['ctranslate2_linear_gflop']:.1f} | {ours} | "
               f"{r['ctranslate2_linear_gflop_per_cpu_s']:.1f} |")
     if args.profile:

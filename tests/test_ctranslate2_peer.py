@@ -123,7 +123,8 @@ def test_bench_peer_reports_identical_outputs_and_the_missing_int8_path(tmp_path
     rc = main(["bench", "peer", "--source", str(src), "--batch-sizes", "1,3", "--json", str(tmp_path / "r.json")])
     assert rc == 0
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
-    assert [(r["precision"], r["batch_size"]) for r in rows] == [("float32", 1), ("float32", 3), ("int8", 1), ("int8", 3)]
+    assert [(r["precision"], r["batch_size"]) for r in rows] == \
+        [("float32", 1), ("float32", 3), ("int8", 1), ("int8", 3)]
     for r in rows:
         assert r["ctranslate2_tokens_per_s"] > 0
         if r["precision"] == "float32":

@@ -98,17 +98,29 @@ def _tokens(outputs) -> int:
     return sum(len(x) + 1 for x in outputs)
 
 
+def _engine_figures(name: str, ids, walls, cpus, flops_of) -> dict:
+    """One engine's columns of a row (all None where it did not run)."""
+    if ids is None:
+        return dict.fromkeys([f"{name}_tokens", f"{name}_tokens_per_s", f"{name}_tokens_per_cpu_s",
+                              f"{name}_linear_gflop", f"{name}_linear_gflop_per_cpu_s"])
+    n, wall, cpu = _tokens(ids), statistics.median(walls), statistics.median(cpus)
+    gflop = flops_of(n) / 1e9
+    return {f"{name}_tokens": n, f"{name}_tokens_per_s": n / wall, f"{name}_tokens_per_cpu_s": n / cpu,
+            f"{name}_linear_gflop": gflop, f"{name}_linear_gflop_per_cpu_s": gflop / cpu}
+
+
 def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions=("float32", "int8"),
                rounds: int = 1, ct2_dir=None, threads: int = 1, progress=None, profile: bool = False) -> list[dict]:
     """Rows per (precision, batch size): tokens per wall second and per CPU second of both (median
-    of `rounds`, the two alternating), CTranslate2's over ours (CPU time), and identical outputs
-    against the project at that precision (None without a path) and against its float32; the
-    linears' GFLOP and the rate each engine ran them at (per CPU second); with `profile`, the
-    project's operator groups (profile_project) per row."""
+    of `rounds`, the two alternating), CTranslate2's over ours (CPU time; wall time apart), and
+    identical outputs against the project at that precision (None without a path) and against its
+    float32; the linears' GFLOP and the rate each engine ran them at (per CPU second); with
+    `profile`, the project's operator groups (profile_project) per row."""
     from models.checkpoint import load_checkpoint
     from models.shipped import resolve_checkpoint
     model, tok, _ = load_checkpoint(resolve_checkpoint(str(checkpoint)))
     source_positions = sum(len(tok.encode_word(w)) for s in sentences for w in s.split()) + len(sentences)
+    flops_of = lambda target_tokens: matmul_flops(model.cfg, source_positions, target_tokens)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = convert(checkpoint, ct2_dir or f"{tmp}/ct2", force=True)
         rows, reference = [], {}
@@ -121,40 +133,30 @@ def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions
             if ours is not None:
                 simulate(ours, warm, whole_sentence=True, batch_size=len(warm))
             for b in batch_sizes:
-                times = {"ours": ([], []), "peer": ([], [])}   # (walls, CPU times)
-                ours_ids = peer_ids = None
+                runs = {"ours": [], "peer": []}   # (ids, wall, CPU time) per round
                 for _ in range(rounds):
                     if ours is not None:
-                        ours_ids, wall, cpu = _project_run(ours, sentences, b)
-                        times["ours"][0].append(wall)
-                        times["ours"][1].append(cpu)
-                    peer_ids, wall, cpu = _peer_run(peer, sentences, b)
-                    times["peer"][0].append(wall)
-                    times["peer"][1].append(cpu)
+                        runs["ours"].append(_project_run(ours, sentences, b))
+                    runs["peer"].append(_peer_run(peer, sentences, b))
                     if progress is not None:
                         progress.update(1)
+                ours_ids = runs["ours"][-1][0] if runs["ours"] else None
+                peer_ids = runs["peer"][-1][0]
                 if precision == "float32" and ours_ids is not None:
                     reference[b] = ours_ids
                 same = lambda a: None if a is None else sum(x == y for x, y in zip(a, peer_ids))  # noqa: E731
-                rate = lambda ids, ts: None if ids is None else _tokens(ids) / statistics.median(ts)  # noqa: E731
-                row = {"precision": precision, "batch_size": b, "sentences": len(sentences),
-                       "simulserve_tokens": None if ours_ids is None else _tokens(ours_ids),
-                       "ctranslate2_tokens": _tokens(peer_ids)}
-                for who, name, ids in (("ours", "simulserve", ours_ids), ("peer", "ctranslate2", peer_ids)):
-                    row[f"{name}_tokens_per_s"] = rate(ids, times[who][0])
-                    row[f"{name}_tokens_per_cpu_s"] = rate(ids, times[who][1])
-                ours_cpu = row["simulserve_tokens_per_cpu_s"]
+                row = {"precision": precision, "batch_size": b, "sentences": len(sentences)}
+                for who, name in (("ours", "simulserve"), ("peer", "ctranslate2")):
+                    r = runs[who]
+                    row.update(_engine_figures(name, r[-1][0] if r else None, [x[1] for x in r],
+                                               [x[2] for x in r], flops_of))
+                theirs, mine = row["ctranslate2_tokens_per_cpu_s"], row["simulserve_tokens_per_cpu_s"]
                 row.update({
-                    "ctranslate2_over_simulserve": None if ours_cpu is None else row["ctranslate2_tokens_per_cpu_s"] / ours_cpu,
-                    "ctranslate2_over_simulserve_wall": None if ours_ids is None else
+                    "ctranslate2_over_simulserve": None if mine is None else theirs / mine,
+                    "ctranslate2_over_simulserve_wall": None if mine is None else
                     row["ctranslate2_tokens_per_s"] / row["simulserve_tokens_per_s"],
                     "goal": GOALS.get(b), "identical": same(ours_ids),
                     "identical_to_float32": same(reference.get(b))})
-                for who, name, ids in (("ours", "simulserve", ours_ids), ("peer", "ctranslate2", peer_ids)):
-                    flops = None if ids is None else matmul_flops(model.cfg, source_positions, _tokens(ids))
-                    row[f"{name}_linear_gflop"] = None if flops is None else flops / 1e9
-                    row[f"{name}_linear_gflop_per_cpu_s"] = None if flops is None else \
-                        flops / 1e9 / statistics.median(times[who][1])
                 if profile and ours is not None:
                     row["simulserve_profile"] = profile_project(ours, sentences, b)
                 rows.append(row)
