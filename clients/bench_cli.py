@@ -1,9 +1,11 @@
-"""`simulserve bench engine|step|server|abuse`: benchmarks that print their figures (never asserted in tests)."""
+"""`simulserve bench engine|step|peer|server|abuse`: benchmarks that print their figures (never asserted in tests)."""
 from __future__ import annotations
 
 import argparse
 import json
 
+# everyday German: the everyday set (260 lines), then the dialogue set (games' conversations)
+PEER_SOURCE = "data/de-en-everyday/test.everyday.de,data/de-en-everyday/test.dialogue.de"
 DEVICE_HELP = "auto (default: cuda when available, else cpu), cpu, cuda, cuda:N"
 
 
@@ -15,6 +17,7 @@ def register(sub) -> None:
         epilog="examples:\n"
                "  simulserve bench engine -m gma_delta1 --count 3\n"
                "  simulserve bench step --gemm\n"
+               "  simulserve bench peer --sentences 500\n"
                "  simulserve bench server --checkpoint gma_delta1 --levels 1,10,25 --skip soak",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_subparsers(dest="bench", metavar="WHAT")
@@ -81,6 +84,32 @@ def register(sub) -> None:
                          "bfloat16")
     st.add_argument("--json", help="also write the rows here")
     st.set_defaults(func=run_step)
+    pe = which.add_parser(
+        "peer", help="offline decoding side by side with CTranslate2 (the [peer] extra)",
+        description="The checkpoint converted to CTranslate2 (simulserve convert-ctranslate2) and the project's "
+                    "offline decoding translate the same sentences whole, greedy, in one run: target tokens/s "
+                    "(EOS included) per batch size and precision, and outputs identical token for token. "
+                    "One torch thread and CTranslate2 intra_threads=1 unless --threads says otherwise.",
+        epilog="examples:\n  simulserve bench peer --sentences 500\n"
+               "  simulserve bench peer --source data/de-en-everyday/test.dialogue.de --batch-sizes 1,8,32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pe.add_argument("--checkpoint", "-m", default="offline", help="checkpoint dir or shipped name (an offline model)")
+    pe.add_argument("--source", default=PEER_SOURCE,
+                    help="sentences, one per line; several files comma-separated, read in order "
+                         f"(default {PEER_SOURCE})")
+    pe.add_argument("--sentences", type=int, default=500, help="the first N lines (default 500)")
+    pe.add_argument("--batch-sizes", default="1,32", help="sentences decoded together (default 1,32)")
+    pe.add_argument("--precisions", default="float32,int8",
+                    help="float32 and/or int8 (CTranslate2's compute type; the project's step form, where it "
+                         "has one for that precision)")
+    pe.add_argument("--rounds", type=int, default=1, help="timed rounds, the two engines alternating; medians")
+    pe.add_argument("--threads", type=int, default=1, help="torch threads and CTranslate2 intra_threads")
+    pe.add_argument("--ct2-dir", help="keep the converted CTranslate2 model here (default: a temporary directory)")
+    pe.add_argument("--profile", action="store_true",
+                    help="also: one profiled run of the project's side per row (the first max(16, 2 x batch) "
+                         "sentences), its operator groups' shares of the operators' CPU time")
+    pe.add_argument("--json", help="also write the rows here")
+    pe.set_defaults(func=run_peer)
     try:
         from server.bench import add_server_bench_args, run_server_bench
     except ImportError:
@@ -201,6 +230,74 @@ def run_step(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def run_peer(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from models.benchmarks.peer import NO_PATH, PROJECT_FORMS, bench_peer
+    from models.ctranslate2_peer import COMPUTE_TYPES, import_ctranslate2
+    from models.errors import UserError
+    ct2 = import_ctranslate2()
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    bad = [p for p in precisions if p not in COMPUTE_TYPES]
+    if bad or not precisions:
+        raise UserError(f"--precisions: choose from {', '.join(COMPUTE_TYPES)}, got {args.precisions!r}")
+    if args.rounds < 1 or args.threads < 1 or args.sentences < 1:
+        raise UserError("--rounds, --threads and --sentences must be at least 1")
+    sizes = _sizes(args.batch_sizes, "--batch-sizes")
+    lines = [x for path in args.source.split(",") for x in _source_lines(path) if x.strip()][: args.sentences]
+    torch.set_num_threads(args.threads)
+    with tqdm(total=len(precisions) * len(sizes) * args.rounds, desc="simulserve vs CTranslate2", unit="run") as bar:
+        rows = bench_peer(args.checkpoint, lines, sizes, precisions, args.rounds, args.ct2_dir, args.threads,
+                          progress=bar, profile=args.profile)
+    print(f"\n{args.checkpoint}: the first {len(lines)} sentences of {args.source}, whole sentence, greedy; "
+          f"{args.threads} thread(s) (torch, CTranslate2 {ct2.__version__} intra_threads); target tokens (EOS "
+          f"included) per CPU second of the process, per wall second in brackets; median of {args.rounds} round(s)")
+    print("| precision | batch | simulserve tokens/s | CTranslate2 tokens/s | CTranslate2 / simulserve | goal | "
+          "identical (same precision) | identical to simulserve float32 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    n = len(lines)
+    for r in rows:
+        ours = (NO_PATH if r["simulserve_tokens_per_s"] is None else
+                f"{r['simulserve_tokens_per_cpu_s']:.0f} ({r['simulserve_tokens_per_s']:.0f})")
+        theirs = f"{r['ctranslate2_tokens_per_cpu_s']:.0f} ({r['ctranslate2_tokens_per_s']:.0f})"
+        ratio = "n/a" if r["ctranslate2_over_simulserve"] is None else \
+            f"{r['ctranslate2_over_simulserve']:.2f}x ({r['ctranslate2_over_simulserve_wall']:.2f}x)"
+        goal = "" if r["goal"] is None else f"<= {r['goal']:g}x"
+        if r["goal"] is not None and r["ctranslate2_over_simulserve"] is not None:
+            goal += " met" if r["ctranslate2_over_simulserve"] <= r["goal"] else " MISSED"
+        same = "n/a" if r["identical"] is None else f"{r['identical']}/{n}"
+        ref = "n/a" if r["identical_to_float32"] is None else f"{r['identical_to_float32']}/{n}"
+        print(f"| {r['precision']} | {r['batch_size']} | {ours} | {theirs} | {ratio} | {goal} | {same} | {ref} |")
+    print("\nlinear layers of the run (the same work in both engines; attention products left out), GFLOP and "
+          "GFLOP per CPU second")
+    print("| precision | batch | GFLOP | simulserve GFLOP/s | CTranslate2 GFLOP/s |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        rate = r["simulserve_linear_gflop_per_cpu_s"]
+        ours = "n/a" if rate is None else f"{rate:.1f}"
+        print(f"| {r['precision']} | {r['batch_size']} | {r['ctranslate2_linear_gflop']:.1f} | {ours} | "
+              f"{r['ctranslate2_linear_gflop_per_cpu_s']:.1f} |")
+    if args.profile:
+        print("\nthe project's side, one profiled run per row on the first max(16, 2 x batch) sentences: share of "
+              "the operators' own CPU time")
+        groups = list(next(r["simulserve_profile"] for r in rows if "simulserve_profile" in r)) if any(
+            "simulserve_profile" in r for r in rows) else []
+        print("| precision | batch | " + " | ".join(groups) + " |")
+        print("|---|---:|" + "---:|" * len(groups))
+        for r in rows:
+            if "simulserve_profile" in r:
+                print(f"| {r['precision']} | {r['batch_size']} | "
+                      + " | ".join(f"{100 * r['simulserve_profile'][g]:.0f}%" for g in groups) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"checkpoint": str(args.checkpoint), "source": args.source, "threads": args.threads,
+                       "ctranslate2": ct2.__version__, "project_forms": [p for p, f in PROJECT_FORMS.items() if f],
+                       "rows": rows}, f, indent=1)
+    # float32 outputs must match: anything else is a bug in one model code or the converter
+    return 0 if all(r["identical"] in (None, n) for r in rows if r["precision"] == "float32") else 1
 
 
 def run_engine(args) -> int:

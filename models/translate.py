@@ -35,12 +35,13 @@ class SentenceResult:
 
 def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=None, beam: int = 1,
              whole_sentence: bool = False, chunks: list[list[int]] | None = None,
-             batch_size: int = 16, record: bool = False, progress=None):
+             batch_size: int = 16, record: bool = False, progress=None, tokens_out: list | None = None):
     """Translate `sentences` with simulated word-by-word arrival.
 
     whole_sentence: push every word at once, then end the source (offline
     simulation; for a simultaneous policy it gives the same words, all at |x|).
     chunks[i]: sizes of the word groups in which sentence i arrives.
+    tokens_out: a list that receives each sentence's target subword ids (EOS included), in order.
     Returns SentenceResult per sentence (and the states when record=True).
     """
     results, states_out = [], []
@@ -82,6 +83,8 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
                     subword_delays=[w.subword_delay for w in s.words], token_delays=list(s.token_delays),
                     source_words=len(s.source_words), source_subwords=len(s.source_tokens),
                     target_tokens=len(s.target_tokens), compute_ms=round(compute[i] * 1000, 3)))
+                if tokens_out is not None:
+                    tokens_out.append(list(s.target_tokens))
                 if progress is not None:
                     progress.update(1)
             if record:
