@@ -22,7 +22,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[eval,test]"
+	$(BIN)/pip install --quiet -e ".[eval,test,ray]"
 	-bash docker/install-browser.sh
 	-bash docker/install-engine.sh
 	touch $@
