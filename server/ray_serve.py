@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -213,7 +214,8 @@ def deploy(settings: ServerSettings, opts: RayOptions, *, host: str, port: int, 
     replica is running (their models loaded)."""
     opts.check()
     if not ray.is_initialized():
-        ray.init(address=opts.address, namespace=NAMESPACE, log_to_driver=False,
+        # no --address: a new local cluster ("local"), never one a stale /tmp/ray file points to
+        ray.init(address=opts.address or "local", namespace=NAMESPACE, log_to_driver=False,
                  **({} if opts.address else {"include_dashboard": False}))
     serve.start(proxy_location=opts.proxy_location, http_options={"host": host, "port": port})
     settings = settings.model_copy(update={"torch_threads": replica_threads(settings, opts.num_cpus)})
@@ -253,17 +255,20 @@ def shutdown() -> None:
 
 def run_cli(settings: ServerSettings, opts: RayOptions) -> int:
     """`simulserve serve --ray`: deploy, print where, and keep the driver (and a local cluster) up until
-    Ctrl-C, then take the application down."""
+    Ctrl-C or SIGTERM, then take the application down (and a local cluster with it)."""
     print(f"simulserve: deploying {', '.join(settings.models) or 'every shipped model'} on Ray Serve "
           f"({'cluster ' + opts.address if opts.address else 'a local cluster'})", file=sys.stderr, flush=True)
     deploy(settings, opts, host=settings.host, port=settings.port)
     print(f"simulserve: {len(replicas())} replica(s) up; streams on ws://{settings.host}:{settings.port}/v1/stream, "
           f"replicas at http://{settings.host}:{settings.port}/v1/replicas", file=sys.stderr, flush=True)
+    # Ctrl-C, or SIGTERM (a container stopped); also when the shell started us with SIGINT ignored
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        stop.wait()
     finally:
+        print("simulserve: taking the application down", file=sys.stderr, flush=True)
         shutdown()
         ray.shutdown()
     return 0
