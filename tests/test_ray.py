@@ -264,9 +264,11 @@ def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster,
         spared = [i for i in range(len(lines)) if i not in hit]
         assert hit and spared, f"streams per replica: {[s.connections[0]['server'] for s in summaries]}"
         for i, s in enumerate(summaries):
-            if i in hit:
-                assert len(notes[i]) == 1 and re.search(r"code 10(01|06|12)\).*reconnecting", notes[i][0]), notes[i]
-                assert len(s.connections) == 2 and s.connections[1]["server"] != victim["replica"]
+            if i in hit:      # closed with a reconnect code (then a retry, should the proxy still pick the dead one)
+                assert notes[i], f"stream {i} on the killed replica saw nothing"
+                assert re.search(r"code 10(01|06|12)\).*reconnecting", notes[i][0]), notes[i]
+                assert not [n for n in notes[i] if "warning" in n or "error " in n], notes[i]
+                assert len(s.connections) >= 2 and s.connections[-1]["server"] != victim["replica"]
             else:
                 assert notes[i] == [] and len(s.connections) == 1
             assert [x["translation"] for x in s.sentences] == \
