@@ -295,6 +295,8 @@ def test_rayservice_manifest_matches_the_cli():
     opts, settings = ray_options_from_args(args), settings_from_args(args)
     settings = settings.model_copy(update={"torch_threads": replica_threads(settings, opts.num_cpus)})
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    from ray.serve.schema import ServeDeploySchema
+    ServeDeploySchema.model_validate(config)        # a config Serve itself accepts (field names, types, ranges)
     assert config["proxy_location"] == opts.proxy_location
     assert config["http_options"]["port"] == settings.port
     (application,) = config["applications"]
