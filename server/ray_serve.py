@@ -31,6 +31,7 @@ APP_NAME = "simulserve"
 DEPLOYMENT = "simulserve"
 NAMESPACE = "simulserve"             # the Ray namespace of the driver and of the replica registry
 REGISTRY = "simulserve-replicas"     # named actor: replica id -> where its monitor answers
+SERVE_NAMESPACE = "serve"            # where Serve names its replica actors (by their full replica id)
 
 
 @dataclass
@@ -122,16 +123,21 @@ def _add_replica_routes(app, srv) -> None:
 
     async def listed() -> list[dict]:
         known = await registry().all.remote()
-        out = []
-        for rid, info in sorted(known.items()):
-            try:
-                health = await asyncio.to_thread(_get_json, info["health_url"])
-            except OSError as e:                   # the replica is gone (killed, its node lost)
-                await registry().remove.remote(rid)
-                log.info("replica %s unreachable (%s): dropped from the registry", rid, e)
-                continue
-            out.append({**info, "health": health})
-        return out
+        return [r for r in await asyncio.gather(*(probe(rid, info) for rid, info in sorted(known.items())))
+                if r is not None]
+
+    async def probe(rid: str, info: dict) -> dict | None:
+        try:                                       # Serve's actor for the replica: gone once it died
+            await asyncio.to_thread(ray.get_actor, rid, namespace=SERVE_NAMESPACE)
+        except ValueError:
+            await registry().remove.remote(rid)
+            log.info("replica %s is gone: dropped from the registry", rid)
+            return None
+        try:
+            health = await asyncio.to_thread(_get_json, info["health_url"])
+        except OSError as e:                       # alive to Ray, but its monitor does not answer (now)
+            health = {"status": "unreachable", "error": str(e)}
+        return {**info, "health": health}
 
     @app.get("/v1/replicas", summary="every replica (Ray Serve): its health, and where its /metrics is")
     async def replicas():

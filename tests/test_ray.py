@@ -296,7 +296,7 @@ def test_rayservice_manifest_matches_the_cli():
     settings = settings.model_copy(update={"torch_threads": replica_threads(settings, opts.num_cpus)})
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     from ray.serve.schema import ServeDeploySchema
-    ServeDeploySchema.model_validate(config)        # a config Serve itself accepts (field names, types, ranges)
+    ServeDeploySchema.model_validate(config)   # Serve parses it (types, ranges; a misspelt key passes: see below)
     assert config["proxy_location"] == opts.proxy_location
     assert config["http_options"]["port"] == settings.port
     (application,) = config["applications"]
@@ -316,3 +316,15 @@ def test_rayservice_manifest_matches_the_cli():
     per_pod = min(float(limits["nvidia.com/gpu"]) // opts.num_gpus, float(limits["cpu"]) // opts.num_cpus)
     assert per_pod >= 1 and workers["maxReplicas"] * per_pod >= opts.max_replicas
     assert spec["rayVersion"] == __import__("ray").__version__
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--replicas", "2"], "--replicas need --ray"),
+    (["--ray", "--replicas", "2", "--max-replicas", "3"], "not both"),
+    (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "1 <= --min-replicas <= --max-replicas"),
+    (["--ray", "--proxy-location", "Nowhere"], "HeadOnly or EveryNode"),
+])
+def test_serve_ray_flags_are_checked_before_anything_starts(argv, message, capsys):
+    from clients.cli import main
+    assert main(["serve", "waitk", *argv]) == 2
+    assert message in capsys.readouterr().err
