@@ -78,6 +78,11 @@ RAY_FLAGS = {
     "--max-replicas": ("max_replicas", {"type": int, "help": "autoscaling on open streams: most replicas"}),
     "--target-streams": ("target_streams", {"type": float, "help": "autoscaling: open streams per replica to "
                                                                     "aim for (default 32)"}),
+    "--upscale-delay-s": ("upscale_delay_s", {"type": float, "help": "autoscaling: seconds more replicas must be "
+                                                                     "wanted before they start (default 30)"}),
+    "--downscale-delay-s": ("downscale_delay_s", {"type": float, "help": "autoscaling: seconds fewer must be "
+                                                                         "wanted before one is taken out "
+                                                                         "(default 600)"}),
     "--num-cpus": ("num_cpus", {"type": float, "help": "CPUs per replica (may be fractional; default 1)"}),
     "--num-gpus": ("num_gpus", {"type": float, "help": "GPUs per replica (1: one replica per GPU; default 0)"}),
     "--monitor-port": ("monitor_port", {"type": int, "help": "each replica's own /health and /metrics port "

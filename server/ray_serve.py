@@ -43,6 +43,8 @@ class RayOptions:
     min_replicas: int = 1
     max_replicas: int | None = None
     target_streams: float = 32.0      # autoscaling: open streams per replica to aim for
+    upscale_delay_s: float = 30.0     # autoscaling: how long more replicas must be wanted before they start
+    downscale_delay_s: float = 600.0  # ... and fewer before one is taken out (its streams then reconnect)
     num_cpus: float = 1.0             # per replica
     num_gpus: float = 0.0             # per replica (1: one replica per GPU)
     monitor_port: int = 0             # each replica's /health and /metrics port (0: any free port)
@@ -58,6 +60,8 @@ class RayOptions:
             raise ValueError("autoscaling needs 1 <= --min-replicas <= --max-replicas")
         if self.target_streams <= 0 or self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError("--target-streams must be > 0, --num-cpus and --num-gpus >= 0")
+        if self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
+            raise ValueError("--upscale-delay-s and --downscale-delay-s must be >= 0")
         if self.proxy_location not in ("HeadOnly", "EveryNode"):
             raise ValueError("--proxy-location is HeadOnly or EveryNode")
 
@@ -75,7 +79,9 @@ def deployment_options(opts: RayOptions, settings: ServerSettings) -> dict:
     }
     if opts.max_replicas is not None:
         out["autoscaling_config"] = {"min_replicas": opts.min_replicas, "max_replicas": opts.max_replicas,
-                                     "target_ongoing_requests": opts.target_streams}
+                                     "target_ongoing_requests": opts.target_streams,
+                                     "upscale_delay_s": opts.upscale_delay_s,
+                                     "downscale_delay_s": opts.downscale_delay_s}
     else:
         out["num_replicas"] = opts.replicas or 1
     return out

@@ -5,9 +5,10 @@ Through Ray's proxy, 24 concurrent streams (every policy) each equal `simulserve
 replica's health and metrics are reachable, and the metrics count exactly the sentences of the streams the
 replica served. Then one replica's process is killed mid-stream: exactly its streams get a reconnect
 close code and `simulserve stream` resumes them (on the other replica), translations unchanged; the other
-streams see nothing; Serve replaces the replica. Finally the command is stopped with Ctrl-C and the
-cluster shut down: no process of it is left (the test checks every process that carries its marker).
-Takes about a minute here (tiny models; the cluster's start and stop are most of it).
+streams see nothing; Serve replaces the replica. A second deployment autoscales from 1 to 2 replicas on
+open streams. Each time the command is stopped with Ctrl-C, and at the end the cluster is shut down: no
+process of it is left (the test checks every process that carries its marker).
+About 95 s here once the tiny models are trained (the cluster's start is 20 s of it).
 """
 from __future__ import annotations
 
@@ -103,7 +104,9 @@ class LocalCluster:
                     "OMP_NUM_THREADS": "1", "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
                     # said outright: else Ray turns token auth on when a ~/.ray/auth_token happens to exist
                     # (a local `ray.init()` leaves one), and the second node must find the same token
-                    "RAY_AUTH_MODE": "disabled"}
+                    "RAY_AUTH_MODE": "disabled",
+                    # the proxy reports open requests to the autoscaler every second, not every 10
+                    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}
 
     def ray(self, *args: str) -> None:
         r = subprocess.run([str(BIN / "ray"), *args], env=self.env, timeout=120, capture_output=True, text=True)
@@ -146,12 +149,12 @@ def cluster():
 class ServeRay:
     """`simulserve serve --ray` as a subprocess driver on the cluster."""
 
-    def __init__(self, cluster: LocalCluster, models: dict[str, str], replicas: int = 2):
+    def __init__(self, cluster: LocalCluster, models: dict[str, str], *scaling: str):
         self.port = free_port()
         self.http = f"http://127.0.0.1:{self.port}"
         self.url = f"ws://127.0.0.1:{self.port}/v1/stream"
         cmd = [sys.executable, "-m", "clients.cli", "serve", *(f"{n}={p}" for n, p in models.items()),
-               "--ray", "--address", cluster.address, "--replicas", str(replicas), "--num-cpus", "0.5",
+               "--ray", "--address", cluster.address, *(scaling or ("--replicas", "2")), "--num-cpus", "0.5",
                "--host", "127.0.0.1", "--port", str(self.port), "--rate-limit", "10000", "--rate-burst", "10000",
                "--graceful-shutdown-s", "2", "--log-level", "warning"]
         self.log = open(Path(cluster.tmp) / "serve.log", "w+")
@@ -276,6 +279,52 @@ def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster,
         # Serve starts a new replica in its place; /v1/replicas drops the dead one
         reps2 = serve.wait_replicas(2, without=victim["replica"])
         assert victim["replica"] not in {r["replica"] for r in reps2}
+    finally:
+        code = serve.interrupt()
+    assert code == 0, serve.output()
+
+
+@pytest.mark.slow
+def test_ray_autoscales_on_open_streams(cluster, trained):
+    """1 replica, at most 2, 2 open streams per replica wanted: 5 open streams bring a second replica up,
+    the streams already open stay where they are (nothing reconnects), new streams reach the new one."""
+    reference = make_reference(trained)
+    serve = ServeRay(cluster, {"waitk": str(trained["waitk"])}, "--min-replicas", "1", "--max-replicas", "2",
+                     "--target-streams", "2", "--upscale-delay-s", "1")
+    try:
+        (first,) = serve.wait_replicas(1)
+        lines = [[s for s, _ in make_pairs(6, min_len=5, max_len=8, seed=200 + i)] for i in range(5)]
+        notes: list[list[str]] = [[] for _ in lines]
+        grown: list[list[dict]] = []
+
+        def watch():        # while the streams run: wait for the second replica, then open new streams
+            reps = serve.wait_replicas(2, timeout=60)
+            new = ({r["replica"] for r in reps} - {first["replica"]}).pop()
+            sentence = make_pairs(1, min_len=4, max_len=6, seed=300)[0][0]
+            deadline = time.monotonic() + 10     # the proxy learns of a new replica a moment after it is up
+            while time.monotonic() < deadline:
+                received, _ = asyncio.run(talk(serve.url, [{"type": "start", "model": "waitk", "k": 2},
+                                                           *sentence_messages([sentence]), {"type": "end_stream"}]))
+                assert_matches(received, [reference("waitk", {"k": 2}, sentence)])
+                if received[0]["server"] == new:
+                    break
+                time.sleep(0.5)
+            grown.extend([new, received[0]["server"]])
+        watcher = threading.Thread(target=watch)
+
+        async def speakers():
+            watcher.start()
+            return await asyncio.gather(*(stream_lines(serve.url, lines[i], model="waitk", k=2, wpm=150,
+                                                       warn=notes[i].append) for i in range(len(lines))))
+        summaries = asyncio.run(speakers())
+        watcher.join(90)
+        assert grown, "no second replica while 5 streams were open"
+        new, served = grown
+        assert served == new, "no new stream reached the new replica"
+        for i, s in enumerate(summaries):
+            assert notes[i] == [] and [c["server"] for c in s.connections] == [first["replica"]]
+            assert [x["translation"] for x in s.sentences] == \
+                [reference("waitk", {"k": 2}, line).prediction for line in lines[i]]
     finally:
         code = serve.interrupt()
     assert code == 0, serve.output()
