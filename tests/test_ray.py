@@ -212,6 +212,7 @@ def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster,
     try:
         reps = serve.wait_replicas(2)
         assert len({r["pid"] for r in reps}) == 2
+        assert len({r["node_id"] for r in reps}) == 2     # Serve spreads replicas: one on each node
         assert {r["monitor"].rsplit(":", 1)[0] for r in reps} == {"127.0.0.1"}    # as the proxy: loopback
         for r in reps:           # each replica's own health and Prometheus metrics
             assert httpx.get(r["health_url"]).json()["server"] == r["replica"]
