@@ -71,8 +71,8 @@ LIST_FLAGS = {
 
 # flag -> (server.ray_serve.RayOptions field, argparse keywords)
 RAY_FLAGS = {
-    "--address": ("address", {"help": "a running Ray cluster (HOST:PORT, ray://HOST:10001 or auto; default: "
-                                      "start a local one)"}),
+    "--address": ("address", {"help": "a running Ray cluster (HOST:PORT or auto; default: start a local "
+                                      "one)"}),
     "--replicas": ("replicas", {"type": int, "help": "fixed number of replicas (default 1)"}),
     "--min-replicas": ("min_replicas", {"type": int, "help": "autoscaling: fewest replicas (default 1)"}),
     "--max-replicas": ("max_replicas", {"type": int, "help": "autoscaling on open streams: most replicas"}),
@@ -112,6 +112,7 @@ def register(sub) -> None:
                "  simulserve serve                                  # every shipped model on 127.0.0.1:8000\n"
                "  simulserve serve gma=gma_delta1 waitk=waitk --host 0.0.0.0 --api-key KEY\n"
                "  simulserve serve mine=runs/gma_delta1/checkpoint --config server.yaml\n"
+               "  simulserve serve gma=gma_delta1 --ray --replicas 2 --num-cpus 1   # Ray Serve (docs/scaling.md)\n"
                "settings: flags > SIMULSERVE_* environment > YAML (--config) > defaults",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", metavar="NAME=PATH",

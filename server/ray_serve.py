@@ -38,7 +38,7 @@ SERVE_NAMESPACE = "serve"            # where Serve names its replica actors (by 
 class RayOptions:
     """How the deployment is placed and scaled (the `serve --ray` flags; the RayService manifest's
     `deployments` entry holds the same fields, tests/test_ray.py checks it)."""
-    address: str | None = None        # a running cluster (ray://... or HOST:PORT or auto); None: start a local one
+    address: str | None = None        # a running cluster (HOST:PORT or auto); None: start a local one
     replicas: int | None = None       # fixed replica count; None with max_replicas: autoscaling
     min_replicas: int = 1
     max_replicas: int | None = None
