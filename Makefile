@@ -22,7 +22,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[eval,test,peer]"
+	$(BIN)/pip install --quiet -e ".[eval,test,peer,ray]"
 	-bash docker/install-browser.sh
 	-bash docker/install-engine.sh
 	touch $@

@@ -41,6 +41,7 @@ class Summary:
     sentences: list[dict] = field(default_factory=list)
     words: list[dict] = field(default_factory=list)
     ready: dict | None = None
+    connections: list[dict] = field(default_factory=list)   # every connection's `ready` (reconnects add one)
     warnings: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
 
@@ -251,6 +252,7 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
             kind = msg.get("type")
             if kind == "ready":
                 summary.ready = msg
+                summary.connections.append(msg)
                 state["limit"] = max(1, msg["limits"]["max_backlog_words"] // 2)
                 ready.set()
             elif kind == "word":

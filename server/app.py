@@ -59,6 +59,8 @@ class ServerState:
         self.ready = False
         self.load_error: str | None = None
         self.active = 0
+        self.server_id: str | None = None   # which replica this is, told to each stream (set behind Ray Serve)
+        self.settled = asyncio.Event()      # loading finished, either way
         self.ips = IpLimits(settings.max_connections_per_ip, settings.max_auth_failures_per_ip,
                             settings.auth_failure_window_s)
 
@@ -89,9 +91,11 @@ class ServerState:
         except Exception as e:  # noqa: BLE001 - reported by /health, the server stays up
             self.load_error = f"{type(e).__name__}: {e}"
             log.exception("loading the models failed")
+            self.settled.set()
             return
         self.metrics.models_loaded.set(len(self.engines))
         self.ready = True
+        self.settled.set()
         if s.memory_trim_s > 0:
             await self._trim_memory_forever(s.memory_trim_s)
 
@@ -126,13 +130,31 @@ class ServerState:
         return bool(given) and any(hmac.compare_digest(given.encode(), k.encode()) for k in self.settings.api_keys)
 
 
-def create_app(settings: ServerSettings | None = None) -> FastAPI:
+def health_response(srv: ServerState):
+    if srv.ready:
+        out = {"status": "ok", "models": list(srv.engines), "active_streams": srv.active}
+        if srv.server_id:
+            out["server"] = srv.server_id
+        return out
+    status = "failed" if srv.load_error else "loading"
+    return JSONResponse({"status": status, "error": srv.load_error}, status_code=503)
+
+
+def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool = False,
+               extend=None) -> FastAPI:
+    """The app. `wait_for_models`: startup ends once the models are loaded (a Ray Serve replica is only
+    sent traffic after startup), else they load in the background and /health says when. `extend(app,
+    srv)` adds routes before the caption page's catch-all mount."""
     settings = settings or load_settings()
     srv = ServerState(settings, resolve_models(settings))
 
     @asynccontextmanager
     async def lifespan(app):
         loading = asyncio.create_task(srv.load())
+        if wait_for_models:
+            await srv.settled.wait()
+            if srv.load_error:
+                raise RuntimeError(f"loading the models failed: {srv.load_error}")
         yield
         loading.cancel()
         await asyncio.gather(loading, return_exceptions=True)
@@ -147,10 +169,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/health", summary="200 once every model is loaded, else 503")
     async def health():
-        if srv.ready:
-            return {"status": "ok", "models": list(srv.engines), "active_streams": srv.active}
-        status = "failed" if srv.load_error else "loading"
-        return JSONResponse({"status": status, "error": srv.load_error}, status_code=503)
+        return health_response(srv)
 
     @app.get("/v1/models", summary="served models, their policy, languages and allowed latency settings")
     async def models():
@@ -173,6 +192,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def stream(ws: WebSocket):
         await serve_stream(ws, srv)
 
+    if extend is not None:
+        extend(app, srv)
     web = Path(settings.web_dir) if settings.web_dir else WEB_DIR
     if (web / "index.html").is_file():
         app.mount("/", StaticFiles(directory=web, html=True), name="web")
@@ -422,7 +443,8 @@ class Session:
             "auto_segment": self.auto,
             "limits": {"max_words_per_sentence": s.max_words_per_sentence, "max_backlog_words": s.max_backlog_words,
                        "max_message_bytes": s.max_message_bytes, "rate_limit": s.rate_limit,
-                       "idle_timeout_s": s.idle_timeout_s}})
+                       "idle_timeout_s": s.idle_timeout_s},
+            **({"server": self.srv.server_id} if self.srv.server_id else {})})
 
     def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
         """Validate all of a message's words first (a refused message changes nothing), then enqueue."""

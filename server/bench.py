@@ -2,6 +2,7 @@
 
     simulserve bench server --checkpoint gma_delta1          # starts its own server (both engines)
     simulserve bench server --url ws://host:8000/v1/stream --model gma --unbatched-model gma_unbatched
+    simulserve bench server --url ws://ray-proxy:8000 --baseline-url ws://host:8001 --skip throughput,soak
 
 Phases, one run, one table:
 1. real-time ramp: N speakers at --wpm (one word per 60/wpm s, sentences back to
@@ -18,6 +19,7 @@ Phases, one run, one table:
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -41,6 +43,9 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--checkpoint", default="gma_delta1",
                    help="checkpoint dir or shipped name for the server this command starts (default gma_delta1)")
     p.add_argument("--model", help="model name on the --url server (default: its first)")
+    p.add_argument("--baseline-url", help="with --url: the same model served another way (e.g. one server "
+                                          "straight, where --url goes through Ray's proxy); each ramp level "
+                                          "runs on both, and a table gives the difference")
     p.add_argument("--unbatched-model", help="on the --url server: the same checkpoint served with "
                                              "--no-batching (for the batching comparison)")
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
@@ -120,12 +125,18 @@ def http_base(url: str) -> str:
 
 
 def scrape(base: str) -> dict[str, float]:
+    """The server's metrics; behind Ray Serve (GET /v1/replicas answers) every replica's, summed."""
     import httpx
-    out = {}
-    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
+    urls = [base + "/metrics"]
+    r = httpx.get(base + "/v1/replicas", timeout=30)
+    if r.status_code == 200:
+        urls = [x["metrics_url"] for x in r.json()["replicas"]] or urls
+    out: dict[str, float] = {}
+    for url in urls:
+        for line in httpx.get(url, timeout=30).text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = out.get(key, 0.0) + float(value)
     return out
 
 
@@ -356,6 +367,8 @@ def run_server_bench(args) -> int:
     from models.errors import UserError
     proc = None
     given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype), ("--step", args.step)) if v]
+    if args.baseline_url and not args.url:
+        raise UserError("--baseline-url compares with --url: give both")
     if args.url and given:   # they set up the server this command starts; a running one has its own
         verb = "apply" if len(given) > 1 else "applies"
         raise UserError(f"{' and '.join(given)} {verb} to the server this command starts, not to --url")
@@ -364,6 +377,8 @@ def run_server_bench(args) -> int:
     try:
         base = http_base(args.url)
         wait_healthy(base, proc)
+        if args.baseline_url:
+            wait_healthy(http_base(args.baseline_url))
         return asyncio.run(_main(args, base))
     finally:
         if proc is not None:
@@ -391,10 +406,13 @@ async def _main(args, base) -> int:
         print("| streams | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms | after-end p99 ms "
               "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | tail steps | client CPU | real time |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
-        out["ramp"] = []
+        out["ramp"], baseline = [], []
         for n in (int(x) for x in args.levels.split(",")):
             r = await ramp_level(args, n, sentences, headers, base)
             out["ramp"].append(r)
+            if args.baseline_url:    # level by level: both see the machine in the same state
+                other = argparse.Namespace(**{**vars(args), "url": args.baseline_url})
+                baseline.append((r, await ramp_level(other, n, sentences, headers, http_base(args.baseline_url))))
             print(f"| {n} | {r['words_in_per_s']:.0f} | {r['words_out_per_s']:.0f} | {r['p50_ms']:.1f} | "
                   f"{r['p99_ms']:.1f} | {r['live_p99_ms']:.1f} | {r['tail_p99_ms']:.1f} | "
                   f"{r['server_lag_p99_ms']:.1f} | {r['queue_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
@@ -406,6 +424,16 @@ async def _main(args, base) -> int:
             best = n
         out["max_real_time_streams"] = best
         print(f"\nmost concurrent real-time streams: {best}")
+        if baseline:
+            print(f"\n--url against --baseline-url ({args.baseline_url}), same levels; added delay of a word, ms")
+            print("| streams | p50 url | p50 baseline | p50 difference | p99 url | p99 baseline | p99 difference |")
+            print("|---:|---:|---:|---:|---:|---:|---:|")
+            out["baseline"] = []
+            for r, b in baseline:
+                out["baseline"].append(b)
+                print(f"| {r['streams']} | {r['p50_ms']:.1f} | {b['p50_ms']:.1f} | {r['p50_ms'] - b['p50_ms']:+.1f} | "
+                      f"{r['p99_ms']:.1f} | {b['p99_ms']:.1f} | {r['p99_ms'] - b['p99_ms']:+.1f} |"
+                      + (f" baseline errors {b['errors']}" if b["errors"] else ""), flush=True)
     if "throughput" not in skip:
         if not args.unbatched_model:
             print("\n(throughput comparison skipped: pass --unbatched-model for a --url server)")

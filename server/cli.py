@@ -3,6 +3,7 @@
     simulserve serve                                   # every shipped model
     simulserve serve gma=runs/gma/checkpoint waitk=runs/waitk/checkpoint --port 8000
     simulserve serve --config server.yaml              # flags > SIMULSERVE_* env > YAML > defaults
+    simulserve serve --ray --replicas 2 --num-cpus 1   # the same app as Ray Serve replicas (docs/scaling.md)
 """
 from __future__ import annotations
 
@@ -76,6 +77,39 @@ LIST_FLAGS = {
     "--no-batching": ("no_batching", "step this model one stream at a time (repeat; for benchmarks)"),
 }
 
+# flag -> (server.ray_serve.RayOptions field, argparse keywords)
+RAY_FLAGS = {
+    "--address": ("address", {"help": "a running Ray cluster (HOST:PORT or auto; default: start a local "
+                                      "one)"}),
+    "--replicas": ("replicas", {"type": int, "help": "fixed number of replicas (default 1)"}),
+    "--min-replicas": ("min_replicas", {"type": int, "help": "autoscaling: fewest replicas (default 1)"}),
+    "--max-replicas": ("max_replicas", {"type": int, "help": "autoscaling on open streams: most replicas"}),
+    "--target-streams": ("target_streams", {"type": float, "help": "autoscaling: open streams per replica to "
+                                                                    "aim for (default 32)"}),
+    "--upscale-delay-s": ("upscale_delay_s", {"type": float, "help": "autoscaling: seconds more replicas must be "
+                                                                     "wanted before they start (default 30)"}),
+    "--downscale-delay-s": ("downscale_delay_s", {"type": float, "help": "autoscaling: seconds fewer must be "
+                                                                         "wanted before one is taken out "
+                                                                         "(default 600)"}),
+    "--num-cpus": ("num_cpus", {"type": float, "help": "CPUs per replica (may be fractional; default 1)"}),
+    "--num-gpus": ("num_gpus", {"type": float, "help": "GPUs per replica (1: one replica per GPU; default 0)"}),
+    "--monitor-port": ("monitor_port", {"type": int, "help": "each replica's own /health and /metrics port "
+                                                             "(default 0: any free port; /v1/replicas lists "
+                                                             "them)"}),
+    "--proxy-location": ("proxy_location", {"help": "HeadOnly (default) or EveryNode: where Ray runs its "
+                                                    "HTTP proxy"}),
+    "--graceful-shutdown-s": ("graceful_shutdown_s", {"type": float, "help": "a replica taken out waits this "
+                                                                             "long for its streams (default 20)"}),
+}
+
+
+def ray_options_from_args(args):
+    from server.ray_serve import RayOptions
+    opts = RayOptions(**{field: v for flag, (field, _) in RAY_FLAGS.items()
+                         if (v := getattr(args, flag[2:].replace("-", "_"))) is not None})
+    opts.check()
+    return opts
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -86,6 +120,7 @@ def register(sub) -> None:
                "  simulserve serve                                  # every shipped model on 127.0.0.1:8000\n"
                "  simulserve serve gma=gma_delta1 waitk=waitk --host 0.0.0.0 --api-key KEY\n"
                "  simulserve serve mine=runs/gma_delta1/checkpoint --config server.yaml\n"
+               "  simulserve serve gma=gma_delta1 --ray --replicas 2 --num-cpus 1   # Ray Serve (docs/scaling.md)\n"
                "settings: flags > SIMULSERVE_* environment > YAML (--config) > defaults",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", metavar="NAME=PATH",
@@ -96,6 +131,11 @@ def register(sub) -> None:
     for flag, (_, help_) in LIST_FLAGS.items():
         p.add_argument(flag, action="append", default=None, help=help_)
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up sentence per model")
+    r = p.add_argument_group("Ray Serve (--ray; needs the [ray] extra; docs/scaling.md)")
+    r.add_argument("--ray", action="store_true", help="serve as a Ray Serve deployment: replicas of this app "
+                                                      "behind Ray's proxy on --host:--port")
+    for flag, (_, kw) in RAY_FLAGS.items():
+        r.add_argument(flag, default=None, **kw)
     p.set_defaults(func=run)
 
 
@@ -124,6 +164,12 @@ def settings_from_args(args):
 
 def run(args) -> int:
     from server.settings import SettingsError
+    ray_given = [f for f in RAY_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
+    if ray_given and not args.ray:
+        print(f"simulserve serve: {', '.join(ray_given)} need --ray", file=sys.stderr)
+        return 2
+    if args.ray:
+        return run_ray(args)
     try:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
         from server.app import create_app
@@ -143,3 +189,27 @@ def run(args) -> int:
                                   log_level=settings.log_level.lower(), ssl_certfile=settings.ssl_certfile,
                                   ssl_keyfile=settings.ssl_keyfile, access_log=False)).run()
     return 0
+
+
+def run_ray(args) -> int:
+    from server.settings import SettingsError
+    try:
+        settings = settings_from_args(args)
+        from server.settings import resolve_models
+        resolve_models(settings)           # a bad checkpoint is reported here, not by every replica
+    except (SettingsError, ValueError) as e:
+        print(f"simulserve serve: {e}", file=sys.stderr)
+        return 2
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("simulserve serve --ray: Ray is not installed; pip install 'simulserve[ray]'", file=sys.stderr)
+        return 2
+    try:
+        opts = ray_options_from_args(args)
+    except ValueError as e:
+        print(f"simulserve serve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from server.ray_serve import run_cli
+    return run_cli(settings, opts)

@@ -93,6 +93,7 @@ class Ready(_Msg):
     tgt_lang: str
     auto_segment: bool
     limits: Limits
+    server: str | None = Field(None, description="the replica serving this stream (behind Ray Serve)")
 
 
 class Word(_Msg):
