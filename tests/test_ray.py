@@ -9,6 +9,12 @@ streams see nothing; Serve replaces the replica. A second deployment autoscales 
 open streams. Each time the command is stopped with Ctrl-C, and at the end the cluster is shut down: no
 process of it is left (the test checks every process that carries its marker).
 About 95 s here once the tiny models are trained (the cluster's start is 20 s of it).
+
+Ray's nodes talk to each other over the machine's own network address and listen on every interface,
+whatever --node-ip-address says, and this project's tests send traffic to loopback addresses only. So the
+cluster tests run in a network namespace of their own (`unshare -n`, loopback alone, as root): the test
+`test_cluster_tests_run_in_their_own_network_namespace` runs them there in a child pytest, and they skip
+anywhere else.
 """
 from __future__ import annotations
 
@@ -40,6 +46,26 @@ from test_server import assert_matches, make_reference, sentence_messages, talk 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MARKER = "SIMULSERVE_RAY_TEST"      # every process of the test's cluster inherits it (the stray check)
+NETNS = "SIMULSERVE_RAY_NETNS"      # set in the child pytest that runs inside its own network namespace
+in_own_netns = pytest.mark.skipif(os.environ.get(NETNS) != "1", reason="a Ray cluster test runs only inside "
+                                  "its own network namespace (test_cluster_tests_run_in_their_own_network_namespace)")
+
+
+def test_cluster_tests_run_in_their_own_network_namespace():
+    """The cluster tests below, in a child pytest inside a new network namespace with only loopback up:
+    nothing of Ray's can reach, or be reached from, any address but the namespace's own loopback."""
+    if os.environ.get(NETNS) == "1":
+        pytest.skip("this is the child run")
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.skip("needs unshare and ip (util-linux, iproute2)")
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here (root needed): {probe.stderr.strip()}")
+    script = 'ip link set lo up && exec "$0" -m pytest -q -p no:cacheprovider -rs "$1" -k "ray_replicas or autoscales"'
+    r = subprocess.run(["unshare", "-n", "sh", "-c", script, sys.executable, str(Path(__file__))], cwd=ROOT,
+                       env={**os.environ, NETNS: "1"}, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert re.search(r"\b2 passed", r.stdout), r.stdout[-3000:]
 
 
 def free_port() -> int:
@@ -156,7 +182,8 @@ class ServeRay:
         cmd = [sys.executable, "-m", "clients.cli", "serve", *(f"{n}={p}" for n, p in models.items()),
                "--ray", "--address", cluster.address, *(scaling or ("--replicas", "2")), "--num-cpus", "0.5",
                "--host", "127.0.0.1", "--port", str(self.port), "--rate-limit", "10000", "--rate-burst", "10000",
-               "--graceful-shutdown-s", "2", "--log-level", "warning"]
+               "--graceful-shutdown-s", "2", "--log-level", "warning",
+               "--step", "default"]   # float32, as the references (serve's own default is int8 on a CPU)
         self.log = open(Path(cluster.tmp) / "serve.log", "w+")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=cluster.env, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -205,6 +232,7 @@ def sentences_served(replica: dict) -> float:
 
 
 @pytest.mark.slow
+@in_own_netns
 def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster, trained):
     reference = make_reference(trained)
     models = {p: str(path) for p, path in trained.items()}
@@ -286,6 +314,7 @@ def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster,
 
 
 @pytest.mark.slow
+@in_own_netns
 def test_ray_autoscales_on_open_streams(cluster, trained):
     """1 replica, at most 2, 2 open streams per replica wanted: 5 open streams bring a second replica up,
     the streams already open stay where they are (nothing reconnects), new streams reach the new one."""
