@@ -62,11 +62,8 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def of(cls, *linears: nn.Linear) -> "Int8Linear":
-        weight = torch.cat([lin.weight for lin in linears], 0)
-        biases = [lin.bias for lin in linears]
-        if any(b is None for b in biases) and not all(b is None for b in biases):
-            raise ValueError("fused linears must all have a bias or none")
-        return cls(weight, None if biases[0] is None else torch.cat(biases, 0))
+        from models.packed_linear import stacked
+        return cls(*stacked(linears))
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight this layer multiplies by, in float (tests, error bounds)."""

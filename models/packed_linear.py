@@ -39,6 +39,16 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
         return False
 
 
+def stacked(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias of several nn.Linear of one input stacked along the output (one fused
+    product computes them all)."""
+    weight = torch.cat([lin.weight for lin in linears], 0)
+    biases = [lin.bias for lin in linears]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        raise ValueError("fused linears must all have a bias or none")
+    return weight, None if biases[0] is None else torch.cat(biases, 0)
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b for one or several nn.Linear stacked along the output (a fused
     query/key/value projection is three of them); inference only."""
@@ -53,12 +63,7 @@ class PackedLinear(nn.Module):
 
     @classmethod
     def of(cls, *linears: nn.Linear) -> "PackedLinear":
-        weight = torch.cat([lin.weight for lin in linears], 0)
-        biases = [lin.bias for lin in linears]
-        if any(b is None for b in biases) and not all(b is None for b in biases):
-            raise ValueError("fused linears must all have a bias or none")
-        bias = None if biases[0] is None else torch.cat(biases, 0)
-        return cls(weight, bias)
+        return cls(*stacked(linears))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -17,7 +17,7 @@ from models.packed_linear import PackedLinear
 from models.step import StreamingDecoder
 from models.step_form import FORMS, StepFormError, step_form
 from models.translate import simulate
-from test_streaming_equivalence import SENTENCES, teacher_forced
+from test_streaming_equivalence import SENTENCES, assert_streams_are_the_full_computation
 
 pytestmark = pytest.mark.skipif(not int8_available(torch.device("cpu"), torch.float32),
                                 reason="no integer matrix product on this CPU build")
@@ -76,15 +76,10 @@ def test_int8_streaming_equals_its_own_full_computation(policy, trained_decoders
     _, states = simulate(dec, SENTENCES, record=True, batch_size=4)
     dec.net.logits = dec.scores   # the whole-sequence pass ends in the stream's int8 output projection
     full = SimpleNamespace(model=dec.net, cfg=dec.cfg)
-    for state in states:
-        logits, info = teacher_forced(full, state)
-        if dec._max_target_len(state) > len(state.target_tokens) - 1:  # not cut by the length cap
-            assert logits[0].argmax(-1).tolist()[:-1] == state.target_tokens[:-1]
-        for i, rec in enumerate(state.record):
-            for layer in range(dec.cfg.decoder_layers):
-                assert rec["n"][layer] == int(info["n"][layer][0, i]), (policy, i, layer)
-                if policy == "gma":
-                    assert rec["p"][layer] == pytest.approx(float(info["p"][layer][0, i]), abs=1e-4)
+    # tokens, windows and GMA's p; not the attention weights to 1e-4: the incremental encoder's states
+    # differ from the whole pass's in the last float bits, and a row whose value sits on a rounding
+    # boundary of its int8 grid moves by one step (attention weights then differ by ~1e-3)
+    assert_streams_are_the_full_computation(dec, full, states, policy, attention=False)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
