@@ -6,7 +6,8 @@ sentence; each segment is translated by `models.translate.simulate` (the
 project's one decoding loop) and its steps are put on the talk's clock:
 
 - ideal time of a target word: when the source words it had read had been
-  spoken (word i of the talk, 0-based, has been heard at (i+1)·60/wpm s);
+  spoken (word i of the talk, 0-based, has been heard at (i+1)·60/wpm s); kept
+  as a count of source words, so StreamLAAL in words is exact arithmetic;
 - computation-aware time: one model serves the talk; a step starts when its
   input has arrived and the previous step is over, and lasts the compute the
   decoder measured for it (its share of the batched step, as the server's
@@ -39,7 +40,7 @@ class TalkOutput:
     talk: Talk
     segments: list[int]                              # segment lengths the segmenter cut (source words)
     words: list[str] = field(default_factory=list)   # target words in emission order
-    ideal: list[float] = field(default_factory=list)  # seconds, speaker's clock
+    ideal: list[int] = field(default_factory=list)    # source words heard (talk position), speaker's clock
     aware: list[float] = field(default_factory=list)  # seconds, computation-aware
     compute_s: float = 0.0
 
@@ -94,7 +95,7 @@ def stream_talks(decoder, talks: list[Talk], segmenter, setting: dict, *, second
             out.compute_s += compute
             for j in range(released, n_out):
                 out.words.append(words[j])
-                out.ideal.append((start + r.delays[j]) * spw)
+                out.ideal.append(start + r.delays[j])
                 out.aware.append(clocks[ti])
             released = n_out
     return outputs
@@ -144,28 +145,31 @@ def score_talks(outputs: list[TalkOutput], seconds_per_word: float, tokenize: st
 
     from models.metrics.latency import stream_laal_sentence
 
-    hyps, refs, ideal, aware, empty = [], [], [], [], 0
+    hyps, refs, ideal, ideal_s, aware, empty = [], [], [], [], [], 0
     for out in outputs:
         talk, start = out.talk, 0
         for ref, idx, n in zip(talk.references, realign(talk.references, out.words), talk.sentence_lengths):
             hyps.append(" ".join(out.words[i] for i in idx))
             refs.append(ref)
             offset, duration = start * seconds_per_word, n * seconds_per_word
-            start += n
-            if not idx:
+            if idx:
+                ref_len = len(ref.split())
+                ideal.append(stream_laal_sentence([out.ideal[i] for i in idx], start, n, ref_len))
+                # in seconds as simulstream computes it from the logs (the same to rounding, except where
+                # a rounded delay lands on the other side of the sentence's end)
+                ideal_s.append(stream_laal_sentence([out.ideal[i] * seconds_per_word for i in idx], offset,
+                                                    duration, ref_len))
+                aware.append(stream_laal_sentence([out.aware[i] for i in idx], offset, duration, ref_len))
+            else:
                 empty += 1
-                continue
-            ref_len = len(ref.split())
-            ideal.append(stream_laal_sentence([out.ideal[i] for i in idx], offset, duration, ref_len))
-            aware.append(stream_laal_sentence([out.aware[i] for i in idx], offset, duration, ref_len))
+            start += n
     metric = sacrebleu.BLEU(tokenize=tokenize)
     nan = math.nan
-    s_ideal = statistics.mean(ideal) if ideal else nan
-    s_aware = statistics.mean(aware) if aware else nan
+    mean = lambda xs: statistics.mean(xs) if xs else nan  # noqa: E731
     return {
         "BLEU": metric.corpus_score(hyps, [refs]).score,
-        "StreamLAAL_s": s_ideal, "StreamLAAL_CA_s": s_aware,
-        "StreamLAAL": s_ideal / seconds_per_word, "StreamLAAL_CA": s_aware / seconds_per_word,
+        "StreamLAAL_s": mean(ideal_s), "StreamLAAL_CA_s": mean(aware),
+        "StreamLAAL": mean(ideal), "StreamLAAL_CA": mean(aware) / seconds_per_word,
         "talks": len(outputs), "sentences": len(refs), "segments": sum(len(o.segments) for o in outputs),
         "sentences_without_words": empty,
         "compute_s": sum(o.compute_s for o in outputs),
@@ -187,7 +191,8 @@ def write_simulstream_logs(outputs: list[TalkOutput], seconds_per_word: float, o
     for n, o in enumerate(outputs):
         wav = f"talk{n:04d}.wav"
         log.append({"id": n, "metadata": {"wav_name": wav, "talk": o.talk.name}})
-        for word, ideal, aware in zip(o.words, o.ideal, o.aware):
+        for word, heard, aware in zip(o.words, o.ideal, o.aware):
+            ideal = heard * seconds_per_word
             log.append({"id": n, "total_audio_processed": ideal, "computation_time": aware - ideal,
                         "generated_tokens": [word], "deleted_tokens": []})
         start = 0
