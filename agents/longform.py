@@ -101,6 +101,23 @@ def stream_talks(decoder, talks: list[Talk], segmenter, setting: dict, *, second
     return outputs
 
 
+def output_from_stream(talk: Talk, words: list[dict], sentences: list[dict]) -> TalkOutput:
+    """A talk's TalkOutput from a live server's `word` and `sentence` messages (`simulserve stream`):
+    the server's sentence k starts where its earlier sentences' words (read and unread) end; the
+    computation-aware time is when the client received the word, on the speaker's clock."""
+    offsets, at = {}, 0
+    for s in sorted(sentences, key=lambda m: m["sentence"]):
+        offsets[s["sentence"]] = at
+        at += s["source_words"] + s["unread_words"]
+    out = TalkOutput(talk, [s["source_words"] + s["unread_words"] for s in sentences])
+    for w in words:
+        out.words.append(w["text"])
+        out.ideal.append(offsets[w["sentence"]] + w["delay"])
+        out.aware.append(w["received_s"])
+    out.compute_s = sum(s["compute_ms"] for s in sentences) / 1000
+    return out
+
+
 # ------------------------------------------------------------------ re-alignment and scores
 
 @contextlib.contextmanager

@@ -277,3 +277,42 @@ def test_simulstream_scorers_agree_on_the_same_logs(long_form_run, tmp_path):
         m = re.search(r"sacrebleu score: ([\d.]+)", got)
         assert m, got
         assert float(m.group(1)) == pytest.approx(r["long_form"]["BLEU"], abs=1e-9)
+
+
+# ------------------------------------------------------------------ the same through a real server
+
+def test_simulserve_stream_long_form_through_a_real_server_equals_evaluate(shipped_gma, tmp_path):
+    """One talk sent word by word to a live server with auto_segment and no sentence ends: the server's
+    words and their source positions are those of `evaluate --long-form --segmenter punct`, so BLEU and
+    StreamLAAL (ideal) are equal; the computation-aware times are the client's receive times on the
+    speaker's clock, never before the source they needed had been sent."""
+    from agents.longform import score_talks, stream_talks
+    from models.shipped import resolve_checkpoint
+    from test_client import cli
+    from test_server import LiveServer
+
+    pairs = TALK_A + TALK_B
+    src, ref = tmp_path / "talk.de", tmp_path / "talk.en"
+    src.write_text("".join(d + "\n" for d, _ in pairs))
+    ref.write_text("".join(e + "\n" for _, e in pairs))
+    wpm, logs = 3000, tmp_path / "logs"
+    with LiveServer(models={"gma": str(resolve_checkpoint("gma_delta1"))}) as srv:
+        r = cli("stream", str(src), "--url", srv.url, "--delta", "1", "--wpm", str(wpm), "--auto-segment",
+                "--reference", str(ref), "--simulstream-log", str(logs), "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    served = [json.loads(line) for line in r.stdout.splitlines()]
+    t = talk("talk", pairs)
+    spw = 60.0 / wpm
+    local = stream_talks(shipped_gma, [t], parse_segmenter("punct"), {"delta": 1.0}, seconds_per_word=spw)[0]
+    assert " ".join(m["translation"] for m in served).split() == local.words
+    want = score_talks([local], spw)
+    m = re.search(r"BLEU ([\d.]+), StreamLAAL ([-\d.]+) words", r.stderr)
+    assert m, r.stderr
+    assert float(m.group(1)) == pytest.approx(want["BLEU"], abs=0.005)
+    assert float(m.group(2)) == pytest.approx(want["StreamLAAL"], abs=0.005)
+    lines = [json.loads(x) for x in (logs / "log.jsonl").read_text().splitlines()]
+    words = [x for x in lines if "generated_tokens" in x]
+    assert [x["generated_tokens"][0] for x in words] == local.words
+    assert [x["total_audio_processed"] for x in words] == pytest.approx([i * spw for i in local.ideal])
+    assert all(x["computation_time"] >= 0 for x in words)
+    assert len((logs / "reference.txt").read_text().splitlines()) == len(pairs)
