@@ -18,7 +18,11 @@ SETS="${SETS:-bible,libreoffice,dialogue}"
 SEGMENTERS="${SEGMENTERS:-punct,punct+max:30,oracle}"
 COMMON=(--data "$DATA" --sets "$SETS" --long-form --segmenter "$SEGMENTERS" --wpm 150 --batch-size 32
         --threads 1 --quiet ${TALKS:+--talks "$TALKS"})
-"$SIMULSERVE" evaluate -m gma_delta1 --label "GMA δ=1" --delta 1 "${COMMON[@]}" -o "$OUT/gma_delta1"
-"$SIMULSERVE" evaluate -m waitk --label wait-k --k 3,5 "${COMMON[@]}" -o "$OUT/waitk"
-"$SIMULSERVE" evaluate -m offline --label offline "${COMMON[@]}" -o "$OUT/offline"
+# two queues side by side, one thread each (how the figures in docs/evaluation.md were made)
+"$SIMULSERVE" evaluate -m gma_delta1 --label "GMA δ=1" --delta 1 "${COMMON[@]}" -o "$OUT/gma_delta1" & first=$!
+{
+  "$SIMULSERVE" evaluate -m waitk --label wait-k --k 3,5 "${COMMON[@]}" -o "$OUT/waitk"
+  "$SIMULSERVE" evaluate -m offline --label offline "${COMMON[@]}" -o "$OUT/offline"
+} & second=$!
+wait "$first"; wait "$second"   # set -e: a failed part stops here
 "$PYTHON" recipes/longform_table.py "$OUT"/{gma_delta1,waitk,offline}/longform.json
