@@ -47,6 +47,7 @@ class Summary:
     # the speaker's clock (time.monotonic): when the first source word was due (one word interval before it
     # was sent); each `word` message also gets `received_s`, seconds on this clock (long-form scoring)
     clock_origin: float | None = None
+    paced: int = 0                      # source words sent at the pace so far
 
 
 def normalize_url(url: str) -> str:
@@ -223,14 +224,16 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
             return
         if gap:
             for w in words:
-                if summary.clock_origin is None:
-                    summary.clock_origin = time.monotonic() - gap
-                    state["paced"] = 0
+                if "clock_started" not in state:
+                    # this connection's first paced word is due now; after a reconnect the clock
+                    # restarts there, so the pace goes on without a burst
+                    state["clock_started"] = True
+                    summary.clock_origin = time.monotonic() - (summary.paced + 1) * gap
                 await send({"type": "words", "words": [w]})
                 state["sent"] += 1
-                state["paced"] += 1
+                summary.paced += 1
                 # word n is due at origin + (n+1)·gap: a deadline, so the pace does not drift with the loop
-                due = summary.clock_origin + (state["paced"] + 1) * gap
+                due = summary.clock_origin + (summary.paced + 1) * gap
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
         else:
             await wait_budget(len(words))
