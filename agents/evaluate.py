@@ -16,6 +16,9 @@ scored:
 Both come from `models/metrics/latency.py`. Writes DIR/results.json, DIR/results.csv,
 DIR/bleu_al.<set>.png (one curve per policy label, offline as a point) and the
 per-sentence outputs DIR/outputs/<set>/<model>.<setting>.jsonl.
+
+`--long-form` evaluates whole talks instead (agents/longform.py): DIR/longform.json and
+simulstream logs.
 """
 from __future__ import annotations
 
