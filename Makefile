@@ -22,7 +22,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[eval,test,peer,ray]"
+	$(BIN)/pip install --quiet -e ".[eval,test,peer,ray,longform]"
+	# simulstream's scorers score the long-form logs in tests/test_longform.py; the package
+	# requires torch (unpinned), librosa and COMET's extras for its speech server, which the
+	# scorers do not use: installed without its dependencies (pyyaml and mweralign come above)
+	$(BIN)/pip install --quiet --no-deps "simulstream==1.0.0"
 	-bash docker/install-browser.sh
 	-bash docker/install-engine.sh
 	touch $@

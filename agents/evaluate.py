@@ -16,6 +16,9 @@ scored:
 Both come from `models/metrics/latency.py`. Writes DIR/results.json, DIR/results.csv,
 DIR/bleu_al.<set>.png (one curve per policy label, offline as a point) and the
 per-sentence outputs DIR/outputs/<set>/<model>.<setting>.jsonl.
+
+`--long-form` evaluates whole talks instead (agents/longform.py): DIR/longform.json and
+simulstream logs.
 """
 from __future__ import annotations
 
@@ -374,6 +377,7 @@ def register(sub) -> None:
         description="Translate test sets with simulated streaming and score BLEU and latency for every "
                     "checkpoint and setting.",
         epilog="examples:\n"
+               "  simulserve evaluate -m gma_delta1 --data data/de-en --sets bible --long-form -o results/long\n"
                "  simulserve evaluate -m gma_delta1 --delta 0.5,1,2 --data data/de-en --sets bible -o results/gma\n"
                "  simulserve evaluate -m waitk --k 1,3,5 --source test.de --reference test.en -o results/waitk\n"
                "  simulserve evaluate -m offline --beam 5 --data data/de-en --append -o results/gma",
@@ -410,6 +414,17 @@ def register(sub) -> None:
     p.add_argument("--append", action="store_true",
                    help="merge into OUTPUT/results.json of an earlier run (its other models stay, the "
                         "plots show all); rows of the same set, model and setting are replaced")
+    g = p.add_argument_group("long form (whole talks, docs/evaluation.md)")
+    g.add_argument("--long-form", action="store_true",
+                   help="stream each talk (a document of the test set: SPLIT[.NAME].docs) word by word with no "
+                        "sentence ends, let --segmenter end sentences, re-align the output to the references "
+                        "with mweralign; BLEU and StreamLAAL beside the per-sentence figures")
+    g.add_argument("--segmenter", default="punct,punct+max:30",
+                   help="comma-separated: punct (the server's auto_segment), punct+max:N (or N words), "
+                        "fixed:N, oracle (the reference ends) (default punct,punct+max:30)")
+    g.add_argument("--wpm", type=float, default=150.0, help="speaker's pace, words per minute (default 150)")
+    g.add_argument("--min-talk-words", type=int, default=100, help="shorter talks are left out (default 100)")
+    g.add_argument("--talks", type=int, help="only the first N talks of every set")
     p.set_defaults(func=run)
 
 
@@ -443,6 +458,10 @@ def run(args) -> int:
     options = decoding_options(args)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
+    if args.long_form:
+        from agents.longform import evaluate_long_form
+        evaluate_long_form(args, models, sets, device, dtype, out)
+        return 0
 
     total = sum(len(m.settings) for m in models) * sum(len(ts.sources) for ts in sets)
     rows = []

@@ -17,6 +17,7 @@ import os
 import shutil
 import ssl
 import sys
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,6 +45,10 @@ class Summary:
     connections: list[dict] = field(default_factory=list)   # every connection's `ready` (reconnects add one)
     warnings: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
+    # the speaker's clock (time.monotonic): when the first source word was due (one word interval before it
+    # was sent); each `word` message also gets `received_s`, seconds on this clock (long-form scoring)
+    clock_origin: float | None = None
+    paced: int = 0                      # source words sent at the pace so far
 
 
 def normalize_url(url: str) -> str:
@@ -220,9 +225,17 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
             return
         if gap:
             for w in words:
+                if "clock_started" not in state:
+                    # this connection's first paced word is due now; after a reconnect the clock
+                    # restarts there, so the pace goes on without a burst
+                    state["clock_started"] = True
+                    summary.clock_origin = time.monotonic() - (summary.paced + 1) * gap
                 await send({"type": "words", "words": [w]})
                 state["sent"] += 1
-                await asyncio.sleep(gap)
+                summary.paced += 1
+                # word n is due at origin + (n+1)·gap: a deadline, so the pace does not drift with the loop
+                due = summary.clock_origin + (summary.paced + 1) * gap
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
         else:
             await wait_budget(len(words))
             await send({"type": "words", "words": words})
@@ -257,6 +270,8 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
                 ready.set()
             elif kind == "word":
                 msg["sentence"] += base
+                if summary.clock_origin is not None:
+                    msg["received_s"] = time.monotonic() - summary.clock_origin
                 summary.words.append(msg)
                 if captions:
                     captions.word(msg)
@@ -336,6 +351,12 @@ def register(sub) -> None:
     p.add_argument("--reconnect", type=int, default=3, metavar="N",
                    help="when the server goes away mid-stream, reconnect up to N times in a row and send the "
                         "unfinished sentences again (default 3; 0 = never)")
+    p.add_argument("--reference", metavar="FILE",
+                   help="long form: the input is one talk (a source sentence per line, sent with no sentence "
+                        "ends: use --auto-segment and a --wpm) and FILE its references; the output is re-aligned "
+                        "to them with mweralign and BLEU and StreamLAAL are printed (docs/evaluation.md)")
+    p.add_argument("--simulstream-log", metavar="DIR",
+                   help="with --reference: write the talk's output as simulstream's scorers read it")
     p.add_argument("--json", action="store_true", help="print each sentence result as a JSON line")
     p.add_argument("--no-stats", action="store_true", help="print translations only")
     p.add_argument("--no-live", action="store_true", help="no live caption line, even on a terminal")
@@ -345,6 +366,8 @@ def register(sub) -> None:
 def run(args) -> int:
     try:
         url = normalize_url(args.url)
+        if args.reference and not (args.auto_segment and args.wpm > 0 and args.input):
+            raise ClientError("--reference scores a talk: give the talk's file, --auto-segment and a --wpm > 0", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
     except (ClientError, OSError) as e:
         print(f"simulserve stream: {e}", file=sys.stderr)
@@ -363,8 +386,39 @@ def run(args) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    if args.reference:
+        return _score_talk(args, summary)
     lat = [s["latency"] for s in summary.sentences if s["latency"]]
     if lat and not args.json and not args.no_stats:
         means = "  ".join(f"{k} {sum(x[k] for x in lat) / len(lat):.2f}" for k in lat[0])
         print(f"{len(summary.sentences)} sentences, {len(summary.words)} words; mean {means}", file=sys.stderr)
+    return 0
+
+
+def _score_talk(args, summary: Summary) -> int:
+    """--reference: the talk's output re-aligned to its references, scored as `evaluate --long-form` does."""
+    from pathlib import Path
+
+    from agents.longform import output_from_stream, score_talks, write_simulstream_logs
+    from agents.talks import Talk
+
+    with open(args.input, encoding="utf-8") as f:
+        sources = [line.strip() for line in f if line.strip()]
+    with open(args.reference, encoding="utf-8") as f:
+        references = [line.strip() for line in f if line.strip()]
+    if len(sources) != len(references):
+        print(f"simulserve stream: {args.input} has {len(sources)} sentences, {args.reference} "
+              f"{len(references)}", file=sys.stderr)
+        return 2
+    spw = 60.0 / args.wpm
+    out = output_from_stream(Talk(Path(args.input).stem, "stream", sources, references),
+                             summary.words, summary.sentences)
+    scores = score_talks([out], spw)
+    print(f"long form: {len(summary.sentences)} segments for {len(sources)} reference sentences; BLEU "
+          f"{scores['BLEU']:.2f}, StreamLAAL {scores['StreamLAAL']:.2f} words ({scores['StreamLAAL_s']:.3f} s), "
+          f"computation-aware {scores['StreamLAAL_CA']:.2f} words ({scores['StreamLAAL_CA_s']:.3f} s)",
+          file=sys.stderr)
+    if args.simulstream_log:
+        write_simulstream_logs([out], spw, Path(args.simulstream_log))
+        print(f"wrote simulstream logs to {args.simulstream_log}", file=sys.stderr)
     return 0

@@ -28,20 +28,28 @@ class SentenceResult:
     source_subwords: int
     target_tokens: int
     compute_ms: float            # model compute attributed to this sentence
+    # with simulate(steps=True): one (source words pushed, end sent, compute s, target words out so far)
+    # per advance, so a long-form run can put the sentence's steps on a talk's clock
+    steps: list[tuple[int, bool, float, int]] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        d = asdict(self)
+        if d["steps"] is None:
+            del d["steps"]
+        return json.dumps(d, ensure_ascii=False)
 
 
 def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=None, beam: int = 1,
              whole_sentence: bool = False, chunks: list[list[int]] | None = None,
-             batch_size: int = 16, record: bool = False, progress=None, tokens_out: list | None = None):
+             batch_size: int = 16, record: bool = False, progress=None, tokens_out: list | None = None,
+             steps: bool = False):
     """Translate `sentences` with simulated word-by-word arrival.
 
     whole_sentence: push every word at once, then end the source (offline
     simulation; for a simultaneous policy it gives the same words, all at |x|).
     chunks[i]: sizes of the word groups in which sentence i arrives.
     tokens_out: a list that receives each sentence's target subword ids (EOS included), in order.
+    steps: also return each sentence's step timeline (SentenceResult.steps).
     Returns SentenceResult per sentence (and the states when record=True).
     """
     results, states_out = [], []
@@ -58,6 +66,7 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
         compute = [0.0] * len(group)
         pos = [0] * len(group)
         cursor = [0] * len(group)
+        timeline = [[] for _ in group] if steps else None
         try:
             while True:
                 live = [i for i, s in enumerate(states) if not s.done]
@@ -74,6 +83,8 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
                 decoder.advance([states[i] for i in live], shares := [0.0] * len(live))
                 for i, c in zip(live, shares):
                     compute[i] += c
+                    if timeline is not None:
+                        timeline[i].append((pos[i], states[i].end_received, c, len(states[i].delays)))
                     if states[i].end_received and not states[i].done:  # nothing more will arrive
                         raise RuntimeError(f"stream {start + i} stalled after the end of its source "
                                            "(a decoder bug; please report it with the sentence)")
@@ -82,7 +93,8 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
                     source=group[i], prediction=s.translation, delays=s.delays,
                     subword_delays=[w.subword_delay for w in s.words], token_delays=list(s.token_delays),
                     source_words=len(s.source_words), source_subwords=len(s.source_tokens),
-                    target_tokens=len(s.target_tokens), compute_ms=round(compute[i] * 1000, 3)))
+                    target_tokens=len(s.target_tokens), compute_ms=round(compute[i] * 1000, 3),
+                    steps=timeline[i] if timeline is not None else None))
                 if tokens_out is not None:
                     tokens_out.append(list(s.target_tokens))
                 if progress is not None:

@@ -13,3 +13,4 @@ class Pair(NamedTuple):
     en: str
     group: str            # split unit: Bible book, help file, package family, ...
     eval_ok: bool = True  # False: training-only (e.g. a paraphrase-augmentation copy)
+    doc: str = ""         # document within the group (Bible chapter); "" = the group is the document

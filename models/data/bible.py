@@ -38,7 +38,7 @@ def _verses(db: sqlite3.Connection, version: str) -> dict[tuple[int, int, int], 
 
 
 def read_pairs(db_path: Path, german=GERMAN, english=ENGLISH, eval_pair=EVAL_PAIR) -> list[Pair]:
-    """Every German version x every English version, grouped by book.
+    """Every German version x every English version, grouped by book, one document per chapter.
 
     The extra version pairs are paraphrases of the same verse: good training
     augmentation, but only `eval_pair` may go to valid/test.
@@ -56,5 +56,6 @@ def read_pairs(db_path: Path, german=GERMAN, english=ENGLISH, eval_pair=EVAL_PAI
         for e in english:
             for key in sorted(texts[g].keys() & texts[e].keys()):
                 pairs.append(Pair(clean_bible(texts[g][key]), clean_bible(texts[e][key]),
-                                  "book%02d" % key[0], (g, e) == tuple(eval_pair)))
+                                  "book%02d" % key[0], (g, e) == tuple(eval_pair),
+                                  "book%02d:%03d" % key[:2]))
     return pairs

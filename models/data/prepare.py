@@ -146,11 +146,20 @@ def write_splits(splits: dict[str, dict[str, list[Pair]]], out: Path, seed: int)
             name = "%s.%s" % (split, lang)
             _write_lines(out / name, (getattr(p, lang) for p in pairs))
             files.append(name)
+        if split != "train":
+            # which document each line comes from: long-form evaluation joins a document's lines into a talk
+            name = "%s.docs" % split
+            _write_lines(out / name, (doc_id(p) for p in pairs))
+            files.append(name)
         # per source (train too: recipes oversample small sources from these)
         for source, spairs in sorted(splits[split].items()):
             for lang in ("de", "en"):
                 name = "%s.%s.%s" % (split, source, lang)
                 _write_lines(out / name, (getattr(p, lang) for p in spairs))
+                files.append(name)
+            if split != "train":
+                name = "%s.%s.docs" % (split, source)
+                _write_lines(out / name, (doc_id(p) for p in spairs))
                 files.append(name)
         if split != "train":
             for set_name, members in EVAL_SETS.items():
@@ -161,7 +170,15 @@ def write_splits(splits: dict[str, dict[str, list[Pair]]], out: Path, seed: int)
                     name = "%s.%s.%s" % (split, set_name, lang)
                     _write_lines(out / name, (getattr(p, lang) for p in pooled))
                     files.append(name)
+                name = "%s.%s.docs" % (split, set_name)
+                _write_lines(out / name, (doc_id(p) for p in pooled))
+                files.append(name)
     return files
+
+
+def doc_id(p: Pair) -> str:
+    """The document a pair comes from (a Bible chapter, a help page, a game's dialogue file)."""
+    return p.doc or p.group
 
 
 def build(corpus: dict[str, list[Pair]], out: Path, *, seed: int = 1, eval_size: int = 600,

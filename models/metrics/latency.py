@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 __all__ = [
     "LatencyScores", "average_lagging", "length_adaptive_average_lagging",
     "average_proportion", "differentiable_average_lagging", "consecutive_wait",
-    "sentence_scores", "corpus_scores", "paper_convention_scores",
+    "sentence_scores", "corpus_scores", "paper_convention_scores", "stream_laal_sentence",
 ]
 
 
@@ -242,3 +242,36 @@ def corpus_scores(scores: Iterable[LatencyScores]) -> LatencyScores:
         raise ValueError("no sentence scores to average")
     return LatencyScores(**{f.name: float(statistics.mean(getattr(s, f.name) for s in scores))
                             for f in fields(LatencyScores)})
+
+
+# ------------------------------------------------------------- long form
+
+def stream_laal_sentence(times: Sequence[float], start: float, duration: float, ref_len: int) -> float:
+    """LAAL of one reference sentence of a talk, in the talk's clock (StreamLAAL, Papi et al. 2024).
+
+    ``times`` are the emission times of the target words that the minimum-WER
+    re-alignment gave to this sentence, ``start`` and ``duration`` the sentence's
+    span in the source stream. Delays are ``times - start``; γ = max(len(times),
+    ref_len) / duration. Unlike the per-sentence metrics, a re-aligned word may
+    come before the sentence starts (a negative delay) or long after it ends, so
+    the delays are not checked against a read/write schedule; as in SimulEval's
+    AL (and simulstream's StreamLAAL), a first delay beyond the duration is the
+    score itself. StreamLAAL is the plain mean over the sentences that received
+    at least one word.
+    """
+    _check_length("duration", duration)
+    _check_length("ref_len", ref_len)
+    if not times:
+        raise ValueError("no target word was aligned to this sentence: it has no latency")
+    delays = [t - start for t in times]
+    if delays[0] > duration:
+        return float(delays[0])
+    gamma = max(len(delays), ref_len) / duration
+    total = 0
+    tau = 0
+    for t_minus_1, d in enumerate(delays):
+        total += d - t_minus_1 / gamma
+        tau = t_minus_1 + 1
+        if d >= duration:
+            break
+    return float(total / tau)

@@ -1,0 +1,120 @@
+"""Talks for long-form evaluation, and the segmenters that cut a talk's word stream into sentences.
+
+A talk is a whole document of a test set in its original order -- a Bible
+chapter, a help page, a game's dialogue file -- with its sentence-level
+references kept. `prepare-data` writes, next to every valid/test file, a
+SPLIT[.NAME].docs file naming the document of each line (the per-source
+readers keep the package's order, and the split moves whole groups), so a talk
+is the lines of one document name, in file order.
+
+A segmenter sees only what a live server sees -- the source words as they
+arrive -- and says where a sentence ends. Each returns the lengths of the
+segments it cuts, which cover the talk's words in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.errors import UserError
+
+
+class TalkError(UserError):
+    """Bad long-form input: no document file, too few talks, a bad segmenter."""
+
+
+@dataclass
+class Talk:
+    name: str                 # SET/DOCUMENT, unique
+    set: str
+    sources: list[str]        # the talk's source sentences, in order
+    references: list[str]     # their references, line by line
+
+    @property
+    def words(self) -> list[str]:
+        return [w for s in self.sources for w in s.split()]
+
+    @property
+    def sentence_lengths(self) -> list[int]:
+        return [len(s.split()) for s in self.sources]
+
+
+def group_talks(set_name: str, sources: list[str], references: list[str], docs: list[str],
+                min_words: int = 100) -> list[Talk]:
+    """The lines of one document form a talk, in file order; talks under `min_words` source words are dropped."""
+    if not (len(sources) == len(references) == len(docs)):
+        raise TalkError(f"{set_name}: {len(sources)} source, {len(references)} reference and "
+                        f"{len(docs)} document lines; they must be aligned line by line")
+    talks: dict[str, Talk] = {}
+    for src, ref, doc in zip(sources, references, docs):
+        # a document whose lines are interleaved with another's (a game's catalogue sorted by key)
+        # is still one talk, its lines in their order
+        talk = talks.setdefault(doc, Talk(f"{set_name}/{doc}", set_name, [], []))
+        talk.sources.append(src)
+        talk.references.append(ref)
+    talks = list(talks.values())
+    return [t for t in talks if len(t.words) >= min_words]
+
+
+def docs_path(source_path: Path, src_lang: str) -> Path:
+    """test.bible.de -> test.bible.docs"""
+    name = source_path.name
+    if not name.endswith("." + src_lang):
+        raise TalkError(f"{source_path}: long-form evaluation needs prepare-data's SPLIT[.NAME].{src_lang} files")
+    return source_path.with_name(name[: -len(src_lang)] + "docs")
+
+
+def read_docs(path: Path) -> list[str]:
+    if not path.is_file():
+        raise TalkError(f"{path} not found: long-form evaluation needs the document of every line, which "
+                        "`simulserve prepare-data` writes (SPLIT[.NAME].docs); prepare the data again")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+# ------------------------------------------------------------------ segmenters
+
+def _punctuation(words: list[str], max_words: int | None) -> list[int]:
+    """The server's auto_segment rule (a word ending in . ! ? …), optionally capped at `max_words`."""
+    from server.protocol import ends_sentence
+
+    lengths, n = [], 0
+    for w in words:
+        n += 1
+        if ends_sentence(w) or (max_words is not None and n >= max_words):
+            lengths.append(n)
+            n = 0
+    if n:
+        lengths.append(n)
+    return lengths
+
+
+def _fixed(words: list[str], size: int) -> list[int]:
+    """A cut every `size` words, whatever they say."""
+    n = len(words)
+    return [size] * (n // size) + ([n % size] if n % size else [])
+
+
+def parse_segmenter(spec: str):
+    """A segmenter by name: 'punct' (auto_segment), 'punct+max:N' (auto_segment or N words, whichever
+    first), 'fixed:N' (every N words) or 'oracle' (the reference sentence ends: the per-sentence set-up
+    streamed as one talk). Returns f(talk) -> segment lengths."""
+    spec = spec.strip()
+    try:
+        if spec == "punct":
+            return lambda talk: _punctuation(talk.words, None)
+        if spec.startswith("punct+max:"):
+            n = int(spec.split(":", 1)[1])
+            if n >= 1:
+                return lambda talk: _punctuation(talk.words, n)
+        if spec.startswith("fixed:"):
+            n = int(spec.split(":", 1)[1])
+            if n >= 1:
+                return lambda talk: _fixed(talk.words, n)
+        if spec == "oracle":
+            return lambda talk: talk.sentence_lengths
+    except ValueError:
+        pass
+    raise TalkError(f"unknown segmenter {spec!r}: use punct, punct+max:N, fixed:N or oracle (N >= 1)")
