@@ -3,8 +3,8 @@
 `usr/share/naev/dat/gettext/de/LC_MESSAGES/naev.mo` pairs the English msgid
 with the German msgstr. Only speech is kept: catalog entries whose English
 opens or closes with a quotation mark (what a character says in a bar, on the
-comm channel or in a mission), split into sentences where both languages
-have as many, without the outer quotation marks, and only whole sentences of
+comm channel or in a mission), without the quotation marks, split into
+sentences where both languages have as many, and only whole sentences of
 3 to 15 words (`normalize.is_sentence_pair`). Ship and planet descriptions,
 news items and UI strings are left out. The game is held out of training
 entirely: `prepare-data` writes these pairs only to `test.unseen.*`.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import Pair
 from .gettext_mo import read_mo
-from .normalize import catalog_pairs, clean, is_sentence_pair, split_aligned, strip_quotes
+from .normalize import catalog_pairs, clean, drop_double_quotes, is_sentence_pair, split_aligned
 
 PACKAGES = ("naev-data",)
 CATALOG = "usr/share/naev/dat/gettext/de/LC_MESSAGES/naev.mo"
@@ -39,8 +39,7 @@ def read_pairs(root: Path) -> list[Pair]:
         de, en = clean(de), clean(en)
         if not is_speech(en):
             continue
-        for d, e in split_aligned(de, en):
-            d, e = strip_quotes(d), strip_quotes(e)
+        for d, e in split_aligned(drop_double_quotes(de), drop_double_quotes(en)):
             if is_sentence_pair(d, e):
                 pairs.append(Pair(d, e, "naev"))
     return pairs
