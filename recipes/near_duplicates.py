@@ -11,6 +11,9 @@ punctuation and spaces one space — what prepare-data already compares across s
   those of some training sentence have a Jaccard similarity >= t, for each t of --thresholds
   (default 0.8,0.6). Every exact duplicate is also a near one.
 
+It also prints the share of the test sets' German words (normalised tokens) that occur in no training
+sentence: closeness in vocabulary rather than in whole sentences.
+
 Training sentences are `train.de` of the data directory (every source's train split; the
 per-source `train.SOURCE.de` files hold the same lines). The search is exact, not sampled: prefix
 filtering (two sets with Jaccard >= t share one of the |X| - ceil(t|X|) + 1 rarest grams of each)
@@ -51,6 +54,7 @@ class NearIndex:
         self.threshold = threshold
         self.keys = sorted({leak_key(s) for s in sentences} - {""})
         self.exact = set(self.keys)
+        self.words = {w for k in self.keys for w in k.split()}
         self.sets = [grams(k) for k in self.keys]
         self.df = Counter(g for s in self.sets for g in s)
         self.postings: dict[str, list[int]] = defaultdict(list)
@@ -91,6 +95,8 @@ def rates(index: NearIndex, sentences: list[str], thresholds: list[float]) -> di
     match is the true best for every threshold asked."""
     exact, near = 0, Counter()
     examples = []
+    words = [w for s in sentences for w in leak_key(s).split()]
+    new_words = sum(w not in index.words for w in words)
     for s in sentences:
         score, match = index.best(s)
         if match is None:
@@ -104,7 +110,10 @@ def rates(index: NearIndex, sentences: list[str], thresholds: list[float]) -> di
     pct = lambda c: round(100 * c / n, 2) if n else 0.0  # noqa: E731
     return {"sentences": n, "exact": exact, "exact_pct": pct(exact),
             "near": {str(t): near[t] for t in thresholds},
-            "near_pct": {str(t): pct(near[t]) for t in thresholds}, "near_examples": examples}
+            "near_pct": {str(t): pct(near[t]) for t in thresholds},
+            "words": len(words), "new_words": new_words,
+            "new_words_pct": round(100 * new_words / len(words), 2) if words else 0.0,
+            "near_examples": examples}
 
 
 def read_lines(path: Path) -> list[str]:
@@ -127,11 +136,13 @@ def main(argv=None) -> int:
         results[name] = rates(index, read_lines(args.data / ("test.%s.de" % name)), thresholds)
     print("training German: %d lines, %d distinct after normalisation; near = character 4-gram Jaccard"
           % (len(train), len(index.keys)))
-    print("| set | sentences | exact | " + " | ".join("near >= %g" % t for t in thresholds) + " |")
-    print("|---|---:|---:|" + "---:|" * len(thresholds))
+    print("| set | sentences | exact | " + " | ".join("near >= %g" % t for t in thresholds)
+          + " | words not in training |")
+    print("|---|---:|---:|" + "---:|" * len(thresholds) + "---:|")
     for name, r in results.items():
         near = " | ".join("%d (%.1f %%)" % (r["near"][str(t)], r["near_pct"][str(t)]) for t in thresholds)
-        print("| %s | %d | %d (%.1f %%) | %s |" % (name, r["sentences"], r["exact"], r["exact_pct"], near))
+        print("| %s | %d | %d (%.1f %%) | %s | %d of %d (%.1f %%) |" % (
+            name, r["sentences"], r["exact"], r["exact_pct"], near, r["new_words"], r["words"], r["new_words_pct"]))
     for name, r in results.items():
         for ex in r["near_examples"][:3]:
             print("  %s near: %r ~ %r (%.2f)" % (name, ex["test"], ex["train"], ex["jaccard"]))

@@ -189,4 +189,6 @@ def test_near_duplicate_rates_on_a_tiny_data_dir(tmp_path, capsys):
                     "--json", str(tmp_path / "nd.json")]) == 0
     r = json.loads((tmp_path / "nd.json").read_text())["sets"]["x"]
     assert (r["sentences"], r["exact"], r["near"]) == (3, 1, {"0.8": 1, "0.6": 2})
-    assert "| x | 3 | 1 (33.3 %) | 1 (33.3 %) | 2 (66.7 %) |" in capsys.readouterr().out
+    # "drei", "ganz", "etwas", "anderes": 4 of the 12 words are in no training sentence
+    assert (r["words"], r["new_words"]) == (12, 4)
+    assert "| x | 3 | 1 (33.3 %) | 1 (33.3 %) | 2 (66.7 %) | 4 of 12 (33.3 %) |" in capsys.readouterr().out
