@@ -192,3 +192,21 @@ def test_near_duplicate_rates_on_a_tiny_data_dir(tmp_path, capsys):
     # "drei", "ganz", "etwas", "anderes": 4 of the 12 words are in no training sentence
     assert (r["words"], r["new_words"]) == (12, 4)
     assert "| x | 3 | 1 (33.3 %) | 1 (33.3 %) | 2 (66.7 %) | 4 of 12 (33.3 %) |" in capsys.readouterr().out
+
+
+def test_per_source_table_cuts_the_unseen_set_by_the_manifest(tmp_path):
+    """recipes/per_source_table.py on a pooled set of test-only sources, which have no test.SOURCE files."""
+    from models.translate import SentenceResult
+    spec = importlib.util.spec_from_file_location("per_source", ROOT / "recipes/per_source_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    german = {"naev": ["Ich warte hier.", "Bist du dabei?", "Los geht es."], "tuxpaint": ["Mach weiter so!"]}
+    (tmp_path / "test.unseen.de").write_text("".join(x + "\n" for v in german.values() for x in v), encoding="utf-8")
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"counts": {"naev": {"train": 0, "valid": 0, "test": 3}, "tuxpaint": {"train": 0, "valid": 0, "test": 1}}}))
+    results = [SentenceResult(x, "x", [1], [1], [1, 1], 1, 1, 2, 0.0) for v in german.values() for x in v]
+    parts = table.split_by_source(results, ["r%d" % i for i in range(4)], tmp_path, "unseen")
+    assert {s: [r.source for r in p[0]] for s, p in parts.items()} == german
+    assert parts["tuxpaint"][1] == ["r3"]
+    with pytest.raises(SystemExit, match="tuxpaint"):
+        table.split_by_source(results[:3] + results[:1], ["r"] * 4, tmp_path, "unseen")
