@@ -138,9 +138,9 @@ def drop_double_quotes(text: str) -> str:
 
 def is_sentence_pair(de: str, en: str, min_words: int = 3, max_words: int = 15) -> bool:
     """A full sentence on both sides, worth scoring a translation on: `min_words`
-    to `max_words` English words, sentence punctuation at the end of both, translated
-    (not the English again), and no markup, path, shortcut, placeholder or long number (UI labels and
-    item names are not sentences)."""
+    to `max_words` English words, sentence punctuation at the end of both,
+    translated (not the English again), and no markup, path, shortcut,
+    placeholder or long number (UI labels and item names are not sentences)."""
     if not min_words <= len(en.split()) <= max_words or len(de.split()) < 2:
         return False
     if not (de and en and de[-1] in SENTENCE_END and en[-1] in SENTENCE_END) or de == en:
