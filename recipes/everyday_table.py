@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-ORDER = ["everyday", "freedroid", "hedgewars", "wesnoth", "dialogue", "bible", "ddtp", "libreoffice"]
+ORDER = ["everyday", "unseen", "freedroid", "hedgewars", "wesnoth", "dialogue", "bible", "ddtp", "libreoffice"]
 
 
 def load(paths):

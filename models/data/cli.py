@@ -5,12 +5,12 @@ import argparse
 import time
 from pathlib import Path
 
-from . import (Pair, auf_deutsch, bible, ddtp, fetch, freedroid, hedgewars, keyflow, libreoffice, openclonk,
-               prepare, scummvm, wesnoth)
+from . import (Pair, auf_deutsch, bible, ddtp, fetch, freedroid, hedgewars, keyflow, libreoffice, naev,
+               openclonk, prepare, scummvm, tuxpaint, wesnoth)
 from .prepare import EVAL_SETS
 
 SOURCES = ("bible", "libreoffice", "ddtp", "auf-deutsch", "freedroid", "hedgewars", "wesnoth", "openclonk",
-           "scummvm", "keyflow")
+           "scummvm", "keyflow", "naev", "tuxpaint")  # the last two: test only (prepare.TEST_ONLY)
 # keyflow-typing declares no licence, so it is only used when asked for
 DEFAULT_SOURCES = tuple(s for s in SOURCES if s != "keyflow")
 
@@ -176,6 +176,8 @@ _SOURCE_READERS = {
     "wesnoth": _deb_source(wesnoth, "wesnoth", need_all=False),
     "openclonk": _deb_source(openclonk, "openclonk"),
     "scummvm": _deb_source(scummvm, "scummvm"),
+    "naev": _deb_source(naev, "naev"),
+    "tuxpaint": _deb_source(tuxpaint, "tuxpaint"),
 }
 
 

@@ -121,3 +121,28 @@ def catalog_pairs(entries, min_letters: int = 2):
         if sum(c.isalpha() for c in en) < min_letters:
             continue
         yield de, en
+
+
+# --- held-out evaluation sentences ---------------------------------------------------
+_DOUBLE_QUOTES = re.compile(r'\s*["„“”»«]\s*')
+_NOT_PROSE = re.compile(r"[#<>/\\|_=*~]|&\w|\b(?:Ctrl|Alt|Shift)\+|\d{3,}")
+SENTENCE_END = ".!?…"
+
+
+def drop_double_quotes(text: str) -> str:
+    """Speech without its quotation marks, which English and German write
+    differently ("..." vs „...“) and which hide sentence ends from the splitter
+    (`help." He`); apostrophes and single quotes stay."""
+    return " ".join(_DOUBLE_QUOTES.sub(" ", text).split()).replace(" ,", ",")
+
+
+def is_sentence_pair(de: str, en: str, min_words: int = 3, max_words: int = 15) -> bool:
+    """A full sentence on both sides, worth scoring a translation on: `min_words`
+    to `max_words` English words, sentence punctuation at the end of both,
+    translated (not the English again), and no markup, path, shortcut,
+    placeholder or long number (UI labels and item names are not sentences)."""
+    if not min_words <= len(en.split()) <= max_words or len(de.split()) < 2:
+        return False
+    if not (de and en and de[-1] in SENTENCE_END and en[-1] in SENTENCE_END) or de == en:
+        return False
+    return not any(_NOT_PROSE.search(t) or has_placeholder(t) for t in (de, en))

@@ -24,7 +24,13 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 FORCED = ("=valid", "=test")   # group names that pin pairs to a split (user's own dev/test files)
 # evaluation sets that pool several sources' valid/test pairs (VALID|TEST.NAME.de/en)
-EVAL_SETS = {"everyday": ("auf-deutsch",), "dialogue": ("freedroid", "hedgewars", "wesnoth")}
+EVAL_SETS = {"everyday": ("auf-deutsch",), "dialogue": ("freedroid", "hedgewars", "wesnoth"),
+             "unseen": ("naev", "tuxpaint")}
+# Test-only sources: every pair goes to the pooled `unseen` test set and nowhere
+# else (no train, valid or per-source files), after its German (`leak_key`) is
+# checked against every other source's train, valid and test sentences. They
+# come last everywhere, so adding them changes no other file.
+TEST_ONLY = EVAL_SETS["unseen"]
 # Sources added after the shipped models' valid/test sets were fixed. They are
 # deduplicated and held out after all the others (see `source_order`), so adding
 # them removes pairs from no older source's valid or test set, only from train.
@@ -35,7 +41,7 @@ def source_order(sources) -> list[str]:
     """Sorted names, the late sources last: the order in which sources claim
     pairs (the cross-source duplicate filter keeps a pair in the first source,
     and a German sentence held out for an earlier source leaves a later one)."""
-    return sorted(sources, key=lambda s: (s in LATE_SOURCES, s))
+    return sorted(sources, key=lambda s: (s in TEST_ONLY, s in LATE_SOURCES, s))
 
 
 def filter_pairs(pairs: list[Pair], seen: set[tuple[str, str]]) -> tuple[list[Pair], Counter]:
@@ -91,6 +97,8 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
     """
     out: dict[str, dict[str, list[Pair]]] = {s: {} for s in SPLITS}
     for source in source_order(corpus):
+        if source in TEST_ONLY:
+            continue
         rng = random.Random("%d:%s" % (seed, source))
         assign = assign_groups(corpus[source], rng, eval_size)
         for split in SPLITS:
@@ -99,7 +107,7 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
     held: set[str] = set()
     # older sources first (test, then valid), then the late ones: what the older
     # sets held out before a late source existed stays exactly as it was
-    order = source_order(corpus)
+    order = [s for s in source_order(corpus) if s not in TEST_ONLY]
     tiers = [[s for s in order if s not in LATE_SOURCES], [s for s in order if s in LATE_SOURCES]]
     for tier, split in ((t, s) for t in tiers for s in ("test", "valid")):
         for source in tier:
@@ -113,6 +121,14 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
             out[split][source] = unique
     for source, pairs in out["train"].items():
         out["train"][source] = [p for p in pairs if leak_key(p.de) not in held]
+    held |= {leak_key(p.de) for pairs in out["train"].values() for p in pairs}
+    for source in (s for s in source_order(corpus) if s in TEST_ONLY):
+        out["test"][source] = unique = []
+        for p in corpus[source]:
+            key = leak_key(p.de)
+            if p.eval_ok and key not in held:
+                held.add(key)
+                unique.append(p)
     return out
 
 
@@ -139,7 +155,8 @@ def write_splits(splits: dict[str, dict[str, list[Pair]]], out: Path, seed: int)
     files = []
     for split in SPLITS:
         # late sources last, so the joint valid/test files of the older ones stay a prefix
-        pairs = [p for source in source_order(splits[split]) for p in splits[split][source]]
+        pairs = [p for source in source_order(splits[split]) if source not in TEST_ONLY
+                 for p in splits[split][source]]
         if split == "train":
             random.Random(seed).shuffle(pairs)
         for lang in ("de", "en"):
@@ -153,6 +170,8 @@ def write_splits(splits: dict[str, dict[str, list[Pair]]], out: Path, seed: int)
             files.append(name)
         # per source (train too: recipes oversample small sources from these)
         for source, spairs in sorted(splits[split].items()):
+            if source in TEST_ONLY:
+                continue
             for lang in ("de", "en"):
                 name = "%s.%s.%s" % (split, source, lang)
                 _write_lines(out / name, (getattr(p, lang) for p in spairs))

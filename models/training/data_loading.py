@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from models.data.prepare import TEST_ONLY
 from models.errors import UserError
 from models.tokenizer import Tokenizer
 
@@ -26,6 +27,8 @@ def oversampled(data: str | Path, weights: dict, src_lang: str, tgt_lang: str) -
     for source, n in sorted((weights or {}).items()):
         if not isinstance(n, int) or n < 1:
             raise UserError(f"oversample: {source} must be a whole number >= 1, not {n!r}")
+        if source in TEST_ONLY or source == "unseen":
+            raise UserError(f"oversample: '{source}' is held out for the unseen test set and never trained on")
         prefix = Path(data) / f"train.{source}"
         if not Path(f"{prefix}.{src_lang}").is_file():
             raise UserError(f"oversample: no {prefix}.{src_lang}; is '{source}' one of the sources "
