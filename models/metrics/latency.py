@@ -91,6 +91,19 @@ def _delays(delays: Iterable[float], source_len: float | None) -> list:
 # order (simuleval/evaluator/scorers/latency_scorer.py); keep it that way, the
 # tests compare to the last bit.
 
+def _lagging(delays: Sequence[float], source_len: float, gamma: float) -> float:
+    """AL's sum: the lag of each target word behind an ideal writer at rate gamma, up to and
+    including the first word written once the whole source (of length source_len) was read."""
+    total = 0
+    tau = 0
+    for t_minus_1, d in enumerate(delays):
+        total += d - t_minus_1 / gamma
+        tau = t_minus_1 + 1
+        if d >= source_len:
+            break
+    return float(total / tau)
+
+
 def average_lagging(delays: Sequence[float], source_len: float, target_len: float) -> float:
     """AL (Ma et al. 2019): (1/τ) Σ_{i≤τ} d_i − (i−1)/γ, γ = target_len / source_len.
 
@@ -102,14 +115,7 @@ def average_lagging(delays: Sequence[float], source_len: float, target_len: floa
     delays = _delays(delays, source_len)
     _check_length("target_len", target_len)
     gamma = target_len / source_len
-    total = 0
-    tau = 0
-    for t_minus_1, d in enumerate(delays):
-        total += d - t_minus_1 / gamma
-        tau = t_minus_1 + 1
-        if d >= source_len:
-            break
-    return float(total / tau)
+    return _lagging(delays, source_len, gamma)
 
 
 def length_adaptive_average_lagging(delays: Sequence[float], source_len: float,
@@ -267,11 +273,4 @@ def stream_laal_sentence(times: Sequence[float], start: float, duration: float, 
     if delays[0] > duration:
         return float(delays[0])
     gamma = max(len(delays), ref_len) / duration
-    total = 0
-    tau = 0
-    for t_minus_1, d in enumerate(delays):
-        total += d - t_minus_1 / gamma
-        tau = t_minus_1 + 1
-        if d >= duration:
-            break
-    return float(total / tau)
+    return _lagging(delays, duration, gamma)
