@@ -57,8 +57,8 @@ def add_server_bench_args(p) -> None:
                                   "compiled, ...: models/step_form.py)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
     p.add_argument("--continuations", type=int, help="extra steps per job of the started server")
-    p.add_argument("--tail-burst-ms", type=float, help="tail burst of the started server (default: its own, 20; "
-                                                       "0: off)")
+    p.add_argument("--tail-burst-ms", type=float, help="tail burst of the started server (default: its own, 0 = "
+                                                       "off)")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
     p.add_argument("--max-words", type=int, default=30, help="skip longer source sentences")
     p.add_argument("--wpm", type=float, default=150.0, help="speaking rate of each simulated speaker")

@@ -67,7 +67,7 @@ class StreamHandle:
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,
                  batch_window_ms: float = 2.0, continuations: int = 0, max_k: int = 32,
-                 max_delta: float = 16.0, max_output_messages: int = 20000, tail_burst_ms: float = 20.0):
+                 max_delta: float = 16.0, max_output_messages: int = 20000, tail_burst_ms: float = 0.0):
         self.name, self.dec, self.cfg, self.tok = name, decoder, decoder.cfg, decoder.tok
         self.metrics = metrics
         self.max_batch, self.window, self.continuations = max_batch, batch_window_ms / 1000, continuations
@@ -298,10 +298,10 @@ class ModelEngine:
             if stepping is None:
                 return events, steps
         # The tail: a sentence whose source has ended owes its client the rest of its translation,
-        # one piece per step, and nothing it waits for can arrive any more. Those streams step on
-        # by themselves, back to back in their own (small) batch, until done or `tail_burst` has
-        # passed, instead of one piece per job behind every live READ trial; the budget bounds
-        # how long the live streams wait for them.
+        # one piece per step. With tail_burst > 0 those streams step on by themselves, back to back
+        # in their own small batch, until done or the budget has passed. Off by default: measured
+        # (docs/benchmarks.md), the extra small steps filled the executor and every word waited
+        # longer than when the tails simply step with everyone else, one piece per job.
         deadline = time.perf_counter() + self.tail_burst
         tails = [h for h in batch if _in_tail(h)]
         while tails and time.perf_counter() < deadline:

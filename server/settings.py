@@ -49,9 +49,10 @@ class ServerSettings(BaseSettings):
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
                                                                    "more streams to batch with")
     max_batch: int = Field(256, ge=1, description="most streams in one batched step")
-    tail_burst_ms: float = Field(20.0, ge=0, le=1000, description="after each job's step, sentences whose source "
-                                                                 "has ended step on by themselves for up to this "
-                                                                 "long (0: one step per job, like the others)")
+    tail_burst_ms: float = Field(0.0, ge=0, le=1000, description="after each job's step, sentences whose source "
+                                                                "has ended step on by themselves for up to this "
+                                                                "long (0, the default: they step with the others, "
+                                                                "which measured better: docs/benchmarks.md)")
     continuations: int = Field(0, ge=0, le=64, description="extra steps in one job for streams that sent "
                                                            "nothing to their client yet (0: one step per job; "
                                                            "measured worse on CPU, see CHANGELOG.md)")

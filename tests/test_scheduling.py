@@ -28,11 +28,11 @@ def test_tail_bursts_stream_the_same(burst, trained, reference):
 def test_a_flood_of_words_does_not_starve_a_quiet_speaker(trained, reference):
     """One client sends 150 sentences at once; a second speaks one word every 20 ms beside it. The
     quiet speaker's sentence is translated as if alone and finishes long before the flood does:
-    every job steps every stream that can move, once, and tail bursts are bounded."""
+    every job steps every stream that can move, once (default settings)."""
     flood = [s for s, _ in make_pairs(150, min_len=6, max_len=9, seed=31)]
     quiet = [s for s, _ in make_pairs(1, min_len=8, max_len=9, seed=32)]
     with LiveServer(models={"waitk": str(trained["waitk"])}, rate_limit=100000, rate_burst=100000,
-                    max_backlog_words=100000, tail_burst_ms=20) as srv:
+                    max_backlog_words=100000) as srv:
         async def main():
             done = {}
 
