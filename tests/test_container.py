@@ -145,7 +145,8 @@ def image(engine):
 def translate_on_host(sentences: list[str], tmp_path: Path) -> list[str]:
     src = tmp_path / "source.txt"
     src.write_text("\n".join(sentences) + "\n")
-    r = subprocess.run([sys.executable, "-m", "clients.cli", "translate", "--checkpoint", MODEL, "--input", str(src)],
+    r = subprocess.run([sys.executable, "-m", "clients.cli", "translate", "--checkpoint", MODEL, "--input", str(src),
+                        "--step", "auto"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
