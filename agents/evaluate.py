@@ -421,7 +421,11 @@ def register(sub) -> None:
                         "with mweralign; BLEU and StreamLAAL beside the per-sentence figures")
     g.add_argument("--segmenter", default="punct,punct+max:30",
                    help="comma-separated: punct (the server's auto_segment), punct+max:N (or N words), "
-                        "fixed:N, oracle (the reference ends) (default punct,punct+max:30)")
+                        "boundary and boundary+max:N (punctuation or the sentence-boundary classifier, one word "
+                        "on), fixed:N, oracle (the reference ends) (default punct,punct+max:30)")
+    g.add_argument("--boundary-model", metavar="DIR",
+                   help="the sentence-boundary classifier for boundary segmenters (default: the shipped one; "
+                        "`simulserve train-segmenter` writes one)")
     g.add_argument("--wpm", type=float, default=150.0, help="speaker's pace, words per minute (default 150)")
     g.add_argument("--min-talk-words", type=int, default=100, help="shorter talks are left out (default 100)")
     g.add_argument("--talks", type=int, help="only the first N talks of every set")

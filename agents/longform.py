@@ -45,20 +45,20 @@ class TalkOutput:
     compute_s: float = 0.0
 
 
-def cap_segments(lengths: list[int], words: list[str], tok, max_positions: int) -> list[int]:
+def cap_segments(cuts: list[tuple[int, int]], words: list[str], tok, max_positions: int) -> list[tuple[int, int]]:
     """Cut a segment the model could not hold (subwords + EOS > max_positions) where it fills up:
-    a live server cannot translate a longer sentence either."""
+    a live server cannot translate a longer sentence either. Pieces cut here are known at once (wait 0)."""
     out, start = [], 0
-    for n in lengths:
+    for n, wait in cuts:
         cur = sub = 0
         for w in words[start:start + n]:
             k = len(tok.encode_word(w))
             if cur and sub + k + 1 > max_positions:
-                out.append(cur)
+                out.append((cur, 0))
                 cur = sub = 0
             cur += 1
             sub += k
-        out.append(cur)
+        out.append((cur, wait))
         start += n
     return out
 
@@ -71,48 +71,57 @@ def stream_talks(decoder, talks: list[Talk], segmenter, setting: dict, *, second
     outputs, segments, where = [], [], []
     for ti, talk in enumerate(talks):
         words = talk.words
-        lengths = cap_segments(segmenter(talk), words, decoder.tok, decoder.cfg.max_positions)
-        if sum(lengths) != len(words) or min(lengths) < 1:
-            raise TalkError(f"segmenter cut {talk.name} into {lengths}, which does not cover its {len(words)} words")
-        outputs.append(TalkOutput(talk, lengths))
+        cuts = cap_segments(segmenter(talk), words, decoder.tok, decoder.cfg.max_positions)
+        if sum(n for n, _ in cuts) != len(words) or min(n for n, _ in cuts) < 1 or min(w for _, w in cuts) < 0:
+            raise TalkError(f"segmenter cut {talk.name} into {cuts}, which does not cover its {len(words)} words")
+        outputs.append(TalkOutput(talk, [n for n, _ in cuts]))
         start = 0
-        for n in lengths:
+        for n, wait in cuts:
             segments.append(" ".join(words[start:start + n]))
-            where.append((ti, start))
+            # the end of a segment is known once `wait` more words have been heard (never past the talk's end)
+            where.append((ti, start, min(wait, len(words) - start - n)))
             start += n
     results = simulate(decoder, segments, batch_size=batch_size, progress=progress, steps=True, **setting)
     clocks = [0.0] * len(talks)
-    for (ti, start), r in zip(where, results):   # segments come in talk order
+    for (ti, start, wait), r in zip(where, results):   # segments come in talk order
         out, spw = outputs[ti], seconds_per_word
         words = r.prediction.split()
         if len(words) != len(r.delays):
             raise RuntimeError(f"{len(words)} words but {len(r.delays)} delays in {r.prediction!r}")
         released = 0
-        for pushed, _ended, compute, n_out in r.steps:
-            # the step's input is complete when its last pushed word has been spoken (an end of
-            # sentence comes with the word that ends it)
-            clocks[ti] = max(clocks[ti], (start + pushed) * spw) + compute
+        for pushed, ended, compute, n_out in r.steps:
+            # the step's input is complete when its last pushed word has been spoken, or, for the step that
+            # received the end of the segment, when the words its end waited for have
+            heard = start + pushed + (wait if ended else 0)
+            clocks[ti] = max(clocks[ti], heard * spw) + compute
             out.compute_s += compute
             for j in range(released, n_out):
                 out.words.append(words[j])
-                out.ideal.append(start + r.delays[j])
+                out.ideal.append(start + r.delays[j] + (wait if ended else 0))
                 out.aware.append(clocks[ti])
             released = n_out
     return outputs
 
 
-def output_from_stream(talk: Talk, words: list[dict], sentences: list[dict]) -> TalkOutput:
+def output_from_stream(talk: Talk, words: list[dict], sentences: list[dict], boundary: bool = False) -> TalkOutput:
     """A talk's TalkOutput from a live server's `word` and `sentence` messages (`simulserve stream`):
     the server's sentence k starts where its earlier sentences' words (read and unread) end; the
-    computation-aware time is when the client received the word, on the speaker's clock."""
-    offsets, at = {}, 0
+    computation-aware time is when the client received the word, on the speaker's clock. With the
+    `boundary` segmenter a sentence that does not end in . ! ? (and is not the talk's last) was ended by
+    the classifier when the next word arrived: its words written after the end wait one word more, as in
+    `stream_talks`."""
+    from server.protocol import ends_sentence
+    offsets, waits, at = {}, {}, 0
+    talk_words = talk.words
     for s in sorted(sentences, key=lambda m: m["sentence"]):
         offsets[s["sentence"]] = at
         at += s["source_words"] + s["unread_words"]
+        waits[s["sentence"]] = int(boundary and 0 < at < len(talk_words) and not ends_sentence(talk_words[at - 1]))
     out = TalkOutput(talk, [s["source_words"] + s["unread_words"] for s in sentences])
     for w in words:
         out.words.append(w["text"])
-        out.ideal.append(offsets[w["sentence"]] + w["delay"])
+        wait = waits[w["sentence"]] if w["source_complete"] else 0
+        out.ideal.append(offsets[w["sentence"]] + w["delay"] + wait)
         out.aware.append(w["received_s"])
     out.compute_s = sum(s["compute_ms"] for s in sentences) / 1000
     return out
@@ -272,7 +281,8 @@ def evaluate_long_form(args, models, sets, device, dtype, out: Path) -> list[dic
     if args.wpm <= 0:
         raise TalkError("--wpm must be > 0: the speaker's clock needs a pace")
     spw = 60.0 / args.wpm
-    segmenters = [(s.strip(), parse_segmenter(s)) for s in args.segmenter.split(",") if s.strip()]
+    segmenters = [(s.strip(), parse_segmenter(s, getattr(args, "boundary_model", None)))
+                  for s in args.segmenter.split(",") if s.strip()]
     if not segmenters:
         raise TalkError("--segmenter: give at least one")
     src_lang = models[0].cfg.src_lang

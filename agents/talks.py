@@ -75,46 +75,80 @@ def read_docs(path: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ segmenters
+# A segmenter returns [(segment length, wait)]: `wait` is how many words after the segment's last one had to
+# be heard before its end was known (0 for punctuation and a maximum length, 1 for the boundary classifier,
+# which judges a gap when the next word arrives).
 
-def _punctuation(words: list[str], max_words: int | None) -> list[int]:
+def _punctuation(words: list[str], max_words: int | None) -> list[tuple[int, int]]:
     """The server's auto_segment rule (a word ending in . ! ? …), optionally capped at `max_words`."""
     from server.protocol import ends_sentence
 
-    lengths, n = [], 0
+    cuts, n = [], 0
     for w in words:
         n += 1
         if ends_sentence(w) or (max_words is not None and n >= max_words):
-            lengths.append(n)
+            cuts.append((n, 0))
             n = 0
     if n:
-        lengths.append(n)
-    return lengths
+        cuts.append((n, 0))
+    return cuts
 
 
-def _fixed(words: list[str], size: int) -> list[int]:
+def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
     """A cut every `size` words, whatever they say."""
     n = len(words)
-    return [size] * (n // size) + ([n % size] if n % size else [])
+    return [(size, 0)] * (n // size) + ([(n % size, 0)] if n % size else [])
 
 
-def parse_segmenter(spec: str):
+def _boundary(words: list[str], max_words: int | None, model_dir) -> list[tuple[int, int]]:
+    """The server's auto_segment 'boundary' rule: punctuation, or the sentence-boundary classifier one word on."""
+    from models.sentence_boundary import cut_stream
+    return cut_stream(words, _boundary_model(model_dir), max_words)
+
+
+_BOUNDARY_MODELS: dict = {}
+
+
+def _boundary_model(model_dir):
+    from models.sentence_boundary import load_boundary_model
+    if model_dir not in _BOUNDARY_MODELS:
+        _BOUNDARY_MODELS[model_dir] = load_boundary_model(model_dir)
+    return _BOUNDARY_MODELS[model_dir]
+
+
+def _max_suffix(spec: str, name: str) -> int | None:
+    """'NAME' -> None, 'NAME+max:N' -> N (N >= 1); anything else raises ValueError."""
+    if spec == name:
+        return None
+    if spec.startswith(name + "+max:"):
+        n = int(spec.split(":", 1)[1])
+        if n >= 1:
+            return n
+    raise ValueError(spec)
+
+
+def parse_segmenter(spec: str, boundary_model=None):
     """A segmenter by name: 'punct' (auto_segment), 'punct+max:N' (auto_segment or N words, whichever
-    first), 'fixed:N' (every N words) or 'oracle' (the reference sentence ends: the per-sentence set-up
-    streamed as one talk). Returns f(talk) -> segment lengths."""
+    first), 'boundary' and 'boundary+max:N' (punctuation or the sentence-boundary classifier, the server's
+    auto_segment 'boundary'; `boundary_model` is its directory, default the shipped one), 'fixed:N' (every
+    N words) or 'oracle' (the reference sentence ends: the per-sentence set-up streamed as one talk).
+    Returns f(talk) -> [(segment length, wait)]."""
     spec = spec.strip()
     try:
-        if spec == "punct":
-            return lambda talk: _punctuation(talk.words, None)
-        if spec.startswith("punct+max:"):
-            n = int(spec.split(":", 1)[1])
-            if n >= 1:
-                return lambda talk: _punctuation(talk.words, n)
+        if spec.startswith("punct"):
+            n = _max_suffix(spec, "punct")
+            return lambda talk: _punctuation(talk.words, n)
+        if spec.startswith("boundary"):
+            n = _max_suffix(spec, "boundary")
+            _boundary_model(boundary_model)     # a missing or malformed model fails here, before any work
+            return lambda talk: _boundary(talk.words, n, boundary_model)
         if spec.startswith("fixed:"):
             n = int(spec.split(":", 1)[1])
             if n >= 1:
                 return lambda talk: _fixed(talk.words, n)
         if spec == "oracle":
-            return lambda talk: talk.sentence_lengths
+            return lambda talk: [(n, 0) for n in talk.sentence_lengths]
     except ValueError:
         pass
-    raise TalkError(f"unknown segmenter {spec!r}: use punct, punct+max:N, fixed:N or oracle (N >= 1)")
+    raise TalkError(f"unknown segmenter {spec!r}: use punct, punct+max:N, boundary, boundary+max:N, fixed:N or "
+                    "oracle (N >= 1)")

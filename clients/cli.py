@@ -28,6 +28,8 @@ COMMANDS = {
                                                 "the READ/WRITE path"),
     "prepare-data": ("models.data.cli", "build German-English training data from PyPI/Debian packages"),
     "train": ("models.training.cli", "train or resume a model from a YAML recipe"),
+    "train-segmenter": ("models.training.segmenter", "train the sentence-boundary classifier that segments "
+                                                     "unbounded streams"),
     "bench": ("clients.bench_cli", "benchmarks: the streaming engine, the step, or a running server"),
     "convert-ctranslate2": ("models.ctranslate2_peer", "write a checkpoint as a CTranslate2 model directory "
                                                        "(offline models)"),

@@ -137,8 +137,8 @@ async def _open(url: str, headers: dict, ssl_ctx, open_timeout: float):
 
 
 async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: float = 150.0,
-                       auto_segment: bool = False, api_key: str | None = None, ssl_ctx=None,
-                       captions: Captions | None = None, open_timeout: float = 10.0, reconnect: int = 3,
+                       auto_segment: bool = False, segmenter: str = "punct", api_key: str | None = None,
+                       ssl_ctx=None, captions: Captions | None = None, open_timeout: float = 10.0, reconnect: int = 3,
                        warn=lambda text: print(text, file=sys.stderr)) -> Summary:
     """Stream `lines` (one sentence per line, or continuous text with auto_segment) and collect results.
 
@@ -158,7 +158,7 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
         before = len(summary.sentences)
         try:
             await _one_connection(ws, it, pending, summary, model=model, k=k, delta=delta, wpm=wpm,
-                                  auto_segment=auto_segment, captions=captions, warn=warn)
+                                  auto_segment=auto_segment, segmenter=segmenter, captions=captions, warn=warn)
             return summary
         except _ConnectionLost as e:
             failures = 1 if len(summary.sentences) > before else failures + 1
@@ -200,7 +200,7 @@ def _consume(pending: list[list[str]], msg: dict, auto_segment: bool) -> None:
 
 
 async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta, wpm, auto_segment, captions,
-                          warn) -> None:
+                          warn, segmenter: str = "punct") -> None:
     """One websocket: send what `pending` holds, then the rest of `it`; return on `end`."""
     from websockets.exceptions import ConnectionClosed
     budget = asyncio.Condition()
@@ -245,6 +245,8 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
 
     async def sender() -> None:
         start = {"type": "start", "auto_segment": auto_segment}
+        if auto_segment and segmenter != "punct":    # a server older than the field still takes the default
+            start["segmenter"] = segmenter
         start.update({key: v for key, v in (("model", model), ("k", k), ("delta", delta)) if v is not None})
         await send(start)
         await ready.wait()
@@ -345,6 +347,9 @@ def register(sub) -> None:
                                                             "the server translates)")
     p.add_argument("--auto-segment", action="store_true", help="continuous text: the server cuts sentences "
                                                                "at . ! ? (a blank line also ends one)")
+    p.add_argument("--segmenter", choices=("punct", "boundary"), default="punct",
+                   help="with --auto-segment: punct (a sentence ends after . ! ? …, the default) or boundary (also "
+                        "where the server's sentence-boundary classifier finds an end: titles, list items)")
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"), help="($SIMULSERVE_API_KEY)")
     p.add_argument("--cafile", help="CA bundle to verify a wss:// server")
     p.add_argument("--insecure", action="store_true", help="do not verify the wss:// certificate")
@@ -368,6 +373,8 @@ def run(args) -> int:
         url = normalize_url(args.url)
         if args.reference and not (args.auto_segment and args.wpm > 0 and args.input):
             raise ClientError("--reference scores a talk: give the talk's file, --auto-segment and a --wpm > 0", 2)
+        if args.segmenter != "punct" and not args.auto_segment:
+            raise ClientError(f"--segmenter {args.segmenter} chooses how --auto-segment cuts: add --auto-segment", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
     except (ClientError, OSError) as e:
         print(f"simulserve stream: {e}", file=sys.stderr)
@@ -377,7 +384,8 @@ def run(args) -> int:
         with src:
             summary = asyncio.run(stream_lines(
                 url, (line for line in src), model=args.model, k=args.k, delta=args.delta, wpm=args.wpm,
-                auto_segment=args.auto_segment, api_key=args.api_key, reconnect=args.reconnect,
+                auto_segment=args.auto_segment, segmenter=args.segmenter, api_key=args.api_key,
+                reconnect=args.reconnect,
                 ssl_ctx=ssl_context(url, args.cafile, args.insecure), captions=captions))
     except ClientError as e:
         if captions.live and captions.current:
@@ -412,7 +420,7 @@ def _score_talk(args, summary: Summary) -> int:
         return 2
     spw = 60.0 / args.wpm
     out = output_from_stream(Talk(Path(args.input).stem, "stream", sources, references),
-                             summary.words, summary.sentences)
+                             summary.words, summary.sentences, boundary=args.segmenter == "boundary")
     scores = score_talks([out], spw)
     print(f"long form: {len(summary.sentences)} segments for {len(sources)} reference sentences; BLEU "
           f"{scores['BLEU']:.2f}, StreamLAAL {scores['StreamLAAL']:.2f} words ({scores['StreamLAAL_s']:.3f} s), "

@@ -60,6 +60,8 @@ class ServerState:
         self.load_error: str | None = None
         self.active = 0
         self.server_id: str | None = None   # which replica this is, told to each stream (set behind Ray Serve)
+        self.boundary = None                # auto_segment 'boundary': the sentence-boundary classifier
+        self.boundary_error = "not loaded yet"
         self.settled = asyncio.Event()      # loading finished, either way
         self.ips = IpLimits(settings.max_connections_per_ip, settings.max_auth_failures_per_ip,
                             settings.auth_failure_window_s)
@@ -93,6 +95,12 @@ class ServerState:
             log.exception("loading the models failed")
             self.settled.set()
             return
+        try:   # without it the server still serves; a stream that asks for it is told why not
+            from models.sentence_boundary import load_boundary_model
+            self.boundary = await asyncio.to_thread(load_boundary_model, s.boundary_model)
+        except Exception as e:  # noqa: BLE001
+            self.boundary_error = f"{type(e).__name__}: {e}"
+            log.warning("no sentence-boundary classifier: %s", self.boundary_error)
         self.metrics.models_loaded.set(len(self.engines))
         self.ready = True
         self.settled.set()
@@ -274,6 +282,8 @@ class Session:
         self.auto = False
         self.partial = ""                 # a word cut at the end of a text chunk
         self.open_words = self.open_subwords = 0
+        self.boundary = None              # the sentence-boundary classifier, with auto_segment 'boundary'
+        self.open_text: list[str] = []    # the open sentence's words, which the classifier reads
         self.ended = False
         self.seq = 0
         # messages and pings share one bucket (server/guard.py puts it in the scope)
@@ -434,13 +444,20 @@ class Session:
             policy = engine.policy_for(msg.k, msg.delta)
         except PolicyError as e:
             raise ProtocolError("bad_setting", str(e), msg.id) from None
+        if msg.segmenter == "boundary":
+            if not msg.auto_segment:
+                raise ProtocolError("bad_setting", "segmenter 'boundary' needs auto_segment: true", msg.id)
+            if self.srv.boundary is None:
+                raise ProtocolError("bad_setting", "this server has no sentence-boundary classifier: "
+                                    f"{self.srv.boundary_error}", msg.id)
+            self.boundary = self.srv.boundary
         self.engine, self.auto = engine, msg.auto_segment
         self.h = engine.attach(policy, self.out, self.kill)
         s, c = self.s, engine.cfg
         self.reply({
             "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
-            "auto_segment": self.auto,
+            "auto_segment": self.auto, "segmenter": msg.segmenter if self.auto else None,
             "limits": {"max_words_per_sentence": s.max_words_per_sentence, "max_backlog_words": s.max_backlog_words,
                        "max_message_bytes": s.max_message_bytes, "rate_limit": s.rate_limit,
                        "idle_timeout_s": s.idle_timeout_s},
@@ -449,7 +466,7 @@ class Session:
     def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
         """Validate all of a message's words first (a refused message changes nothing), then enqueue."""
         s, eng = self.s, self.engine
-        plan = segment(words, self.auto)
+        plan = segment(words, self.auto, self.open_text, self.boundary)
         if end:
             if plan and not plan[-1][1]:
                 plan[-1] = (plan[-1][0], True)
@@ -479,10 +496,13 @@ class Session:
                 eng.push(self.h, ws, t)
             self.open_words += len(ws)
             self.open_subwords += sw
+            if self.boundary is not None:
+                self.open_text.extend(ws)
             if ends:
                 if self.open_words:
                     eng.end_sentence(self.h, t)
                 self.open_words = self.open_subwords = 0
+                self.open_text = []
         backlog = self.h.backlog
         if backlog > s.max_backlog_words // 2 and not self.warned:
             self.warned = True

@@ -26,6 +26,8 @@ FLAGS = {
                                                                    "of the sentence's translation (default 0: off)"}),
     "--early-eos": ("early_eos", {"help": "an EOS before the source has ended: read (default: wait for the next "
                                           "word) or write (the best other token)"}),
+    "--boundary-model": ("boundary_model", {"help": "the sentence-boundary classifier of auto_segment "
+                                                    "'boundary' (default: the shipped German one)"}),
     "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),

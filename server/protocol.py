@@ -14,11 +14,12 @@ hot path builds the same dicts by hand.
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, \
     ValidationError
+
+from models.sentence_boundary import ends_sentence  # noqa: F401  (auto_segment's rule; imported from here too)
 
 MessageId = Union[StrictStr, StrictInt, None]
 MAX_ID_CHARS = 128          # an `id` is echoed in replies: it must not make them large
@@ -38,6 +39,10 @@ class Start(_Msg):
     k: StrictInt | None = Field(None, description="wait-k lag (wait-k models only)")
     delta: StrictFloat | StrictInt | None = Field(None, description="GMA relaxation offset δ (GMA models only)")
     auto_segment: StrictBool = Field(False, description="end a sentence after each word ending in . ! ? …")
+    segmenter: Literal["punct", "boundary"] = Field(
+        "punct", description="with auto_segment: 'punct' ends a sentence only after . ! ? …; 'boundary' also where "
+                             "the sentence-boundary classifier finds an end (titles, list items, verses ending in "
+                             "; or :), judged when the next word arrives")
     id: MessageId = None
 
 
@@ -92,6 +97,7 @@ class Ready(_Msg):
     src_lang: str
     tgt_lang: str
     auto_segment: bool
+    segmenter: Literal["punct", "boundary"] | None = Field(None, description="how auto_segment finds sentence ends")
     limits: Limits
     server: str | None = Field(None, description="the replica serving this stream (behind Ray Serve)")
 
@@ -280,12 +286,6 @@ def _first_bad_string(data):
 
 
 # ---------------------------------------------------------------- source text handling
-_SENTENCE_END = re.compile(r"[.!?…。！？][\"'»«”’)\]]*$")
-
-
-def ends_sentence(word: str) -> bool:
-    """Automatic segmentation: a word ending in sentence-final punctuation closes the sentence."""
-    return bool(_SENTENCE_END.search(word))
 
 
 def split_words(words: list[str]) -> list[str]:
@@ -301,16 +301,23 @@ def split_text(partial: str, chunk: str) -> tuple[list[str], str]:
     return words, ""
 
 
-def segment(words: list[str], auto: bool) -> list[tuple[list[str], bool]]:
-    """[(words, ends_the_sentence)]: with auto segmentation, cut after each sentence-final word."""
+def segment(words: list[str], auto: bool, open_words: list[str] = (), boundary=None) -> list[tuple[list[str], bool]]:
+    """[(words, ends_the_sentence)]: with auto segmentation, cut after each sentence-final word and, given a
+    sentence-boundary classifier (models/sentence_boundary.py), before each word where it finds that the
+    open sentence ended (`open_words`: the open sentence's words from earlier messages). A ([], True) entry
+    ends the sentence those earlier words opened."""
     if not auto:
         return [(words, False)] if words else []
-    out, cur = [], []
+    out, cur, tail = [], [], list(open_words)
     for w in words:
+        if boundary is not None and boundary.ends_before(tail, w):
+            out.append((cur, True))
+            cur, tail = [], []
         cur.append(w)
+        tail.append(w)
         if ends_sentence(w):
             out.append((cur, True))
-            cur = []
+            cur, tail = [], []
     if cur:
         out.append((cur, False))
     return out

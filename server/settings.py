@@ -44,6 +44,9 @@ class ServerSettings(BaseSettings):
     early_eos: Literal["read", "write"] = Field("read", description="an EOS before the source has ended: read "
                                                                     "(wait for the next word) or write (the best "
                                                                     "other token)")
+    boundary_model: str | None = Field(None, description="the sentence-boundary classifier of auto_segment "
+                                                         "'boundary' (a `train-segmenter` directory; default: the "
+                                                         "shipped German one)")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (`serve` default: CPUs - 1)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "

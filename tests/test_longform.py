@@ -39,6 +39,18 @@ TALK_B = [
 ]
 
 
+# help-page lines: titles without a full stop, which only the boundary classifier ends
+TALK_C = [
+    ("Tabellen einfügen", "Inserting tables"),
+    ("Wählen Sie Einfügen - Tabelle.", "Choose Insert - Table."),
+    ("Zeilen löschen", "Deleting rows"),
+    ("Markieren Sie die Zeilen und wählen Sie Löschen.", "Select the rows and choose Delete."),
+    ("Hinweise zur Bedienung", "Notes on operation"),
+    ("Drücken Sie die Eingabetaste", "Press the Enter key"),
+    ("Das Dokument wird gespeichert.", "The document is saved."),
+]
+
+
 def talk(name, pairs) -> Talk:
     return Talk(name, "t", [d for d, _ in pairs], [e for _, e in pairs])
 
@@ -101,13 +113,14 @@ def test_segmenters_cut_where_they_say():
     t = talk("a", TALK_A + TALK_B)
     words = t.words
     punct = parse_segmenter("punct")(t)
-    assert punct == [len(ws) for ws, _ in segment(words, True)]      # the server's auto_segment rule
-    assert sum(punct) == len(words)
-    capped = parse_segmenter("punct+max:6")(t)
+    assert punct == [(len(ws), 0) for ws, _ in segment(words, True)]      # the server's auto_segment rule
+    assert sum(n for n, _ in punct) == len(words)
+    capped = [n for n, _ in parse_segmenter("punct+max:6")(t)]
     assert sum(capped) == len(words) and max(capped) <= 6 and len(capped) > len(punct)
-    assert parse_segmenter("fixed:7")(t) == [7] * (len(words) // 7) + ([len(words) % 7] if len(words) % 7 else [])
-    assert parse_segmenter("oracle")(t) == t.sentence_lengths
-    for bad in ("pause", "punct+max:0", "fixed:x", ""):
+    assert parse_segmenter("fixed:7")(t) == [(7, 0)] * (len(words) // 7) + ([(len(words) % 7, 0)] if len(words) % 7
+                                                                            else [])
+    assert parse_segmenter("oracle")(t) == [(n, 0) for n in t.sentence_lengths]
+    for bad in ("pause", "punct+max:0", "fixed:x", "", "boundary+max:0", "boundaryx"):
         with pytest.raises(TalkError):
             parse_segmenter(bad)
 
@@ -169,13 +182,33 @@ def test_oracle_segmentation_streams_exactly_the_per_sentence_translations(shipp
         assert o.aware == sorted(o.aware) and o.compute_s > 0
 
 
+def test_an_end_known_one_word_later_delays_the_words_written_after_it(shipped_gma):
+    """A boundary cut is known when the next word arrives: the same cuts with wait 1 give the same words,
+    and exactly the words written after each inner segment's end come one word later (ideal and
+    computation-aware); the talk's last segment, whose end is the end of the stream, does not wait."""
+    from agents.longform import stream_talks
+
+    t, spw = talk("c", TALK_C), 0.4
+    at_once = [(n, 0) for n in t.sentence_lengths]
+    later = [(n, 1) for n in t.sentence_lengths]
+    a, b = (stream_talks(shipped_gma, [t], lambda _t, c=c: c, {"delta": 1.0}, seconds_per_word=spw)[0]
+            for c in (at_once, later))
+    assert a.words == b.words
+    diff = [y - x for x, y in zip(a.ideal, b.ideal)]
+    assert set(diff) == {0, 1} and diff.count(1) >= len(TALK_C) - 1
+    last = sum(t.sentence_lengths[:-1])
+    assert all(d == 0 for d, x in zip(diff, a.ideal) if x > last)      # the last segment's words
+    assert all(y >= i * spw for y, i in zip(b.aware, b.ideal))
+
+
 def test_segments_longer_than_the_model_holds_are_cut(shipped_gma):
     from agents.longform import cap_segments
 
     words = ("Donaudampfschifffahrtsgesellschaftskapitän " * 120).split()
-    cut = cap_segments([len(words)], words, shipped_gma.tok, 64)
-    assert sum(cut) == len(words) and len(cut) > 1
-    for n in cut:
+    cut = cap_segments([(len(words), 1)], words, shipped_gma.tok, 64)
+    assert sum(n for n, _ in cut) == len(words) and len(cut) > 1
+    assert [w for _, w in cut] == [0] * (len(cut) - 1) + [1]     # the last piece keeps the segment's wait
+    for n, _ in cut:
         assert sum(len(shipped_gma.tok.encode_word(w)) for w in words[:n]) + 1 <= 64
 
 
@@ -281,29 +314,37 @@ def test_simulstream_scorers_agree_on_the_same_logs(long_form_run, tmp_path):
 
 # ------------------------------------------------------------------ the same through a real server
 
-def test_simulserve_stream_long_form_through_a_real_server_equals_evaluate(shipped_gma, tmp_path):
+@pytest.mark.parametrize("segmenter", ["punct", "boundary"])
+def test_simulserve_stream_long_form_through_a_real_server_equals_evaluate(shipped_gma, tmp_path, segmenter):
     """One talk sent word by word to a live server with auto_segment and no sentence ends: the server's
-    words and their source positions are those of `evaluate --long-form --segmenter punct`, so BLEU and
-    StreamLAAL (ideal) are equal; the computation-aware times are the client's receive times on the
-    speaker's clock, never before the source they needed had been sent."""
+    words and their source positions are those of `evaluate --long-form --segmenter punct` (or `boundary`:
+    the server's classifier, judging each gap as the next word arrives, cuts where `evaluate`'s does, and
+    the words after a classifier's end wait the one word it looked at), so BLEU and StreamLAAL (ideal) are
+    equal; the computation-aware times are the client's receive times on the speaker's clock, never before
+    the source they needed had been sent."""
     from agents.longform import score_talks, stream_talks
     from models.shipped import resolve_checkpoint
     from test_client import cli
     from test_server import LiveServer
 
-    pairs = TALK_A + TALK_B
+    pairs = TALK_A + TALK_B if segmenter == "punct" else TALK_C + TALK_B
     src, ref = tmp_path / "talk.de", tmp_path / "talk.en"
     src.write_text("".join(d + "\n" for d, _ in pairs))
     ref.write_text("".join(e + "\n" for _, e in pairs))
     wpm, logs = 3000, tmp_path / "logs"
     with LiveServer(models={"gma": str(resolve_checkpoint("gma_delta1"))}) as srv:
         r = cli("stream", str(src), "--url", srv.url, "--delta", "1", "--wpm", str(wpm), "--auto-segment",
-                "--reference", str(ref), "--simulstream-log", str(logs), "--json", timeout=120)
+                "--segmenter", segmenter, "--reference", str(ref), "--simulstream-log", str(logs), "--json",
+                timeout=120)
     assert r.returncode == 0, r.stderr
     served = [json.loads(line) for line in r.stdout.splitlines()]
     t = talk("talk", pairs)
     spw = 60.0 / wpm
-    local = stream_talks(shipped_gma, [t], parse_segmenter("punct"), {"delta": 1.0}, seconds_per_word=spw)[0]
+    cuts = parse_segmenter(segmenter)(t)
+    local = stream_talks(shipped_gma, [t], parse_segmenter(segmenter), {"delta": 1.0}, seconds_per_word=spw)[0]
+    assert [m["source_words"] + m["unread_words"] for m in served] == [n for n, _ in cuts]
+    if segmenter == "boundary":   # the classifier ended the titles, which have no full stop
+        assert len(cuts) > len(parse_segmenter("punct")(t)) and any(w for _, w in cuts)
     assert " ".join(m["translation"] for m in served).split() == local.words
     want = score_talks([local], spw)
     m = re.search(r"BLEU ([\d.]+), StreamLAAL ([-\d.]+) words", r.stderr)

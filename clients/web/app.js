@@ -3,7 +3,7 @@
 // the same source words at the same moment, so two policies can be compared side by side.
 "use strict";
 (() => {
-  // The server's automatic segmentation (server/protocol.py `ends_sentence`), mirrored so the
+  // The server's automatic segmentation (models/sentence_boundary.py `ends_sentence`), mirrored so the
   // page knows where each sentence ends without waiting for the server.
   const SENTENCE_END = /[.!?…。！？]["'»«”’)\]]*$/;
   const endsSentence = (w) => SENTENCE_END.test(w);
