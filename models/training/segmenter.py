@@ -113,13 +113,13 @@ def fit(streams: dict[str, list[list[str]]], buckets: int, epochs: int, seed: in
     return weights.detach().tolist()
 
 
-def valid_streams(data: Path, sets: list[str], src_lang: str) -> dict[str, list[list[list[str]]]]:
-    """set -> its valid talks (the lines of one document, in file order), each a list of sentences (word
-    lists), from valid.SET.{de,docs}."""
+def valid_streams(data: Path, sets: list[str], src_lang: str, split: str = "valid") -> dict[str, list[list[list[str]]]]:
+    """set -> its valid (or `split`) talks (the lines of one document, in file order), each a list of sentences
+    (word lists), from SPLIT.SET.{de,docs}."""
     from models.sentence_boundary import SegmenterError
     out = {}
     for name in sets:
-        src, doc = data / f"valid.{name}.{src_lang}", data / f"valid.{name}.docs"
+        src, doc = data / f"{split}.{name}.{src_lang}", data / f"{split}.{name}.docs"
         for p in (src, doc):
             if not p.is_file():
                 raise SegmenterError(f"{p} not found: --valid-sets names valid sets of {data} (prepare-data "
