@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
         print(f"| {label} | {setting} | {cells} | {'yes' if ok else 'no'} |")
     print()
     for label, ok in verdict.items():
-        print(f"{label}: {'passes' if ok else 'does not pass'} (unseen up, no other set down by more than {TOL})")
+        print(f"{label}: {'passes' if ok else 'does not pass'} (the rule: unseen up, no other set down by more than {TOL})")
     return 0
 
 
