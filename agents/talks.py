@@ -127,6 +127,11 @@ def _max_suffix(spec: str, name: str) -> int | None:
     raise ValueError(spec)
 
 
+def _boundary_segmenter(max_words: int | None, model_dir):
+    _boundary_model(model_dir)     # a missing or malformed model fails here (SegmenterError), before any work
+    return lambda talk: _boundary(talk.words, max_words, model_dir)
+
+
 def parse_segmenter(spec: str, boundary_model=None):
     """A segmenter by name: 'punct' (auto_segment), 'punct+max:N' (auto_segment or N words, whichever
     first), 'boundary' and 'boundary+max:N' (punctuation or the sentence-boundary classifier, the server's
@@ -134,14 +139,14 @@ def parse_segmenter(spec: str, boundary_model=None):
     N words) or 'oracle' (the reference sentence ends: the per-sentence set-up streamed as one talk).
     Returns f(talk) -> [(segment length, wait)]."""
     spec = spec.strip()
+    use_boundary = False
     try:
         if spec.startswith("punct"):
             n = _max_suffix(spec, "punct")
             return lambda talk: _punctuation(talk.words, n)
         if spec.startswith("boundary"):
             n = _max_suffix(spec, "boundary")
-            _boundary_model(boundary_model)     # a missing or malformed model fails here, before any work
-            return lambda talk: _boundary(talk.words, n, boundary_model)
+            use_boundary = True
         if spec.startswith("fixed:"):
             n = int(spec.split(":", 1)[1])
             if n >= 1:
@@ -150,5 +155,8 @@ def parse_segmenter(spec: str, boundary_model=None):
             return lambda talk: [(n, 0) for n in talk.sentence_lengths]
     except ValueError:
         pass
+    else:
+        if use_boundary:      # outside the try: a bad classifier directory says so, not "unknown segmenter"
+            return _boundary_segmenter(n, boundary_model)
     raise TalkError(f"unknown segmenter {spec!r}: use punct, punct+max:N, boundary, boundary+max:N, fixed:N or "
                     "oracle (N >= 1)")

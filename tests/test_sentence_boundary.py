@@ -84,6 +84,17 @@ def test_malformed_segmenter_directories_are_refused(tmp_path):
         load_boundary_model(d)
 
 
+def test_a_bad_classifier_directory_is_named_not_called_an_unknown_segmenter(tmp_path):
+    from agents.talks import TalkError, parse_segmenter
+    with pytest.raises(SegmenterError, match="segmenter.json is missing"):
+        parse_segmenter("boundary+max:40", tmp_path)
+    with pytest.raises(TalkError, match="unknown segmenter"):
+        parse_segmenter("boundary+max:x", tmp_path)
+    cut = parse_segmenter("boundary", model_that_cuts_before("Start").save(tmp_path / "m"))
+    from agents.talks import Talk
+    assert cut(Talk("t", "t", ["eins zwei Start drei"], ["x"])) == [(2, 1), (2, 0)]
+
+
 # ------------------------------------------------------------------ the server's auto_segment 'boundary'
 
 TEXT = ("Tabellen einfügen Wählen Sie Einfügen - Tabelle. Zeilen löschen Markieren Sie die Zeilen. "
