@@ -110,7 +110,7 @@ def output_from_stream(talk: Talk, words: list[dict], sentences: list[dict], bou
     `boundary` segmenter a sentence that does not end in . ! ? (and is not the talk's last) was ended by
     the classifier when the next word arrived: its words written after the end wait one word more, as in
     `stream_talks`."""
-    from server.protocol import ends_sentence
+    from models.sentence_boundary import ends_sentence
     offsets, waits, at = {}, {}, 0
     talk_words = talk.words
     for s in sorted(sentences, key=lambda m: m["sentence"]):

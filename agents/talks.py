@@ -81,17 +81,8 @@ def read_docs(path: Path) -> list[str]:
 
 def _punctuation(words: list[str], max_words: int | None) -> list[tuple[int, int]]:
     """The server's auto_segment rule (a word ending in . ! ? …), optionally capped at `max_words`."""
-    from server.protocol import ends_sentence
-
-    cuts, n = [], 0
-    for w in words:
-        n += 1
-        if ends_sentence(w) or (max_words is not None and n >= max_words):
-            cuts.append((n, 0))
-            n = 0
-    if n:
-        cuts.append((n, 0))
-    return cuts
+    from models.sentence_boundary import cut_stream
+    return cut_stream(words, None, max_words)
 
 
 def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:

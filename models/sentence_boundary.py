@@ -153,18 +153,28 @@ def load_boundary_model(directory: str | Path | None = None) -> BoundaryModel:
 
 # ------------------------------------------------------------------ applying it to a whole stream
 
-def cut_stream(words: list[str], model: BoundaryModel | None, max_words: int | None = None,
-               punctuation: bool = True) -> list[tuple[int, int]]:
+def word_cuts(open_words: list[str], word: str, model: BoundaryModel | None,
+              max_words: int | None = None) -> tuple[bool, bool]:
+    """auto_segment's rule for one arriving word, given the open sentence's words: (the open sentence ends
+    before `word` -- the classifier, None for none --, the sentence ends after `word` -- . ! ? … or its
+    `max_words`-th word). The server and `cut_stream` both apply it."""
+    before = model is not None and model.ends_before(open_words, word)
+    n = 1 if before else len(open_words) + 1
+    return before, ends_sentence(word) or (max_words is not None and n >= max_words)
+
+
+def cut_stream(words: list[str], model: BoundaryModel | None, max_words: int | None = None) -> list[tuple[int, int]]:
     """Cut a word stream as a live server would: [(segment length, words heard after it before its end was
-    known)]. A word ending in . ! ? … ends its sentence at once (wait 0) when `punctuation`; the classifier
-    (None: none) ends one before the next word (wait 1); `max_words` ends it at its N-th word (wait 0)."""
+    known)]. A word ending in . ! ? … ends its sentence at once (wait 0); the classifier (None: none) ends
+    one before the next word (wait 1); `max_words` ends it at its N-th word (wait 0)."""
     cuts, open_words = [], []
     for w in words:
-        if model is not None and open_words and model.ends_before(open_words, w):
+        before, after = word_cuts(open_words, w, model, max_words)
+        if before:
             cuts.append((len(open_words), 1))
             open_words = []
         open_words.append(w)
-        if (punctuation and ends_sentence(w)) or (max_words is not None and len(open_words) >= max_words):
+        if after:
             cuts.append((len(open_words), 0))
             open_words = []
     if open_words:

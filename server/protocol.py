@@ -19,7 +19,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, \
     ValidationError
 
-from models.sentence_boundary import ends_sentence  # noqa: F401  (auto_segment's rule; imported from here too)
+from models.sentence_boundary import word_cuts
 
 MessageId = Union[StrictStr, StrictInt, None]
 MAX_ID_CHARS = 128          # an `id` is echoed in replies: it must not make them large
@@ -310,12 +310,13 @@ def segment(words: list[str], auto: bool, open_words: list[str] = (), boundary=N
         return [(words, False)] if words else []
     out, cur, tail = [], [], list(open_words)
     for w in words:
-        if boundary is not None and boundary.ends_before(tail, w):
+        before, after = word_cuts(tail, w, boundary)
+        if before:
             out.append((cur, True))
             cur, tail = [], []
         cur.append(w)
         tail.append(w)
-        if ends_sentence(w):
+        if after:
             out.append((cur, True))
             cur, tail = [], []
     if cur:
