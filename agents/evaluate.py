@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -496,7 +497,7 @@ def run(args) -> int:
     set_order = {ts.name: i for i, ts in enumerate(sets)}
     rows.sort(key=lambda r: set_order[r["set"]])  # stable: models and settings keep their order
     meta = {
-        "step_form": args.step, "decoding": {"no_repeat_ngram": options.no_repeat_ngram, "early_eos": options.early_eos},
+        "step_form": args.step, "decoding": dataclasses.asdict(options),
         "conventions": {
             "simuleval": "SimulEval 1.1.4: source words, detokenised target words, no EOS; AL/AP use "
                          + ("the reference length" if not args.no_use_ref_len else "the hypothesis length")

@@ -1,10 +1,13 @@
 """Decoding options of the one decoding loop: which token a WRITE may be, chosen once per decoder.
 
-Two rules, each applied in `StreamingDecoder._decode` (so identically for the server, `translate`,
+Three rules, each applied in `StreamingDecoder._decode` (so identically for the server, `translate`,
 `evaluate`, the SimulEval agents and the benchmarks):
 - `no_repeat_ngram = n` (0: off): a WRITE never completes a target n-gram (of subwords) that the
   sentence's translation already contains; small models repeat phrases ("at eight o'clock at eight
   o'clock"), and this removes the exact repeats.
+- `no_stutter = n` (0: off): a WRITE never makes the translation end with the same run of m <= n
+  subwords twice in a row ("a drink drink", "very very very", "full power full power"). The models'
+  most visible error; unlike `no_repeat_ngram` it leaves a phrase that comes back later alone.
 - `early_eos`: what a simultaneous model's EOS means while the source has not ended. "read" (the
   reference agents' rule): a READ, and the model tries again after the next source word. "write": EOS
   is not allowed until the source has ended, so the step writes the best other token.
@@ -27,11 +30,15 @@ class DecodingError(UserError):
 class DecodingOptions:
     no_repeat_ngram: int = 0
     early_eos: str = "read"
+    no_stutter: int = 0
 
     def __post_init__(self):
         if isinstance(self.no_repeat_ngram, bool) or not isinstance(self.no_repeat_ngram, int) \
                 or not 0 <= self.no_repeat_ngram <= 16:
             raise DecodingError(f"no_repeat_ngram must be an integer from 0 (off) to 16, got {self.no_repeat_ngram!r}")
+        if isinstance(self.no_stutter, bool) or not isinstance(self.no_stutter, int) \
+                or not 0 <= self.no_stutter <= 16:
+            raise DecodingError(f"no_stutter must be an integer from 0 (off) to 16, got {self.no_stutter!r}")
         if self.early_eos not in EARLY_EOS:
             raise DecodingError(f"early_eos must be one of {', '.join(EARLY_EOS)}, got {self.early_eos!r}")
 
@@ -47,10 +54,29 @@ def banned_tokens(target: list[int], n: int) -> list[int]:
     return sorted({target[i + n - 1] for i in range(len(target) - n + 1) if target[i:i + n - 1] == prefix})
 
 
+def stutter_tokens(target: list[int], n: int) -> list[int]:
+    """The tokens that would make `target` end with a run of m <= n tokens written twice in a row:
+    for each m, the token m places back, if the m-1 tokens before it match the last m-1."""
+    end = len(target)
+    return sorted({target[end - m] for m in range(1, n + 1)
+                   if end >= 2 * m - 1 and target[end - m + 1:] == target[end - 2 * m + 1:end - m]})
+
+
+def all_bans(target: list[int], options: DecodingOptions) -> list[int]:
+    """Every token the options forbid a WRITE to choose after `target`."""
+    bans = set(banned_tokens(target, options.no_repeat_ngram)) if options.no_repeat_ngram else set()
+    if options.no_stutter:
+        bans.update(stutter_tokens(target, options.no_stutter))
+    return sorted(bans)
+
+
 def add_decoding_arguments(parser) -> None:
     """--no-repeat-ngram and --early-eos of every command that translates."""
     parser.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                         help="never write a subword that repeats an N-gram of the sentence's translation "
+                             "(default 0: off)")
+    parser.add_argument("--no-stutter", type=int, default=0, metavar="N",
+                        help="never write a subword that repeats the last M <= N subwords right after them "
                              "(default 0: off)")
     parser.add_argument("--early-eos", choices=EARLY_EOS, default="read",
                         help="an EOS before the source has ended: read (default: wait for the next word) or "
@@ -59,4 +85,5 @@ def add_decoding_arguments(parser) -> None:
 
 def decoding_options(args) -> DecodingOptions:
     return DecodingOptions(no_repeat_ngram=getattr(args, "no_repeat_ngram", 0) or 0,
-                           early_eos=getattr(args, "early_eos", None) or "read")
+                           early_eos=getattr(args, "early_eos", None) or "read",
+                           no_stutter=getattr(args, "no_stutter", 0) or 0)

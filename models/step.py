@@ -14,7 +14,7 @@ import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
-from models.decoding import DecodingOptions, banned_tokens
+from models.decoding import DecodingOptions, all_bans
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
@@ -301,9 +301,9 @@ class StreamingDecoder:
                 width *= 2
             rows += [[self.scratch, 0, bos, 1, 1]] * (width - len(rows))
         upload.add("dec_rows", rows, (len(rows), 5))
-        n = self.options.no_repeat_ngram
-        if n:   # (row, token) pairs a WRITE may not choose: they would repeat an n-gram of the row's target
-            bans = [[r, tok] for r, s in enumerate(states) for tok in banned_tokens(s.target_tokens, n)]
+        if self.options.no_repeat_ngram or self.options.no_stutter:
+            # (row, token) pairs a WRITE may not choose: they would repeat or stutter the row's target
+            bans = [[r, tok] for r, s in enumerate(states) for tok in all_bans(s.target_tokens, self.options)]
             upload.add("bans", bans, (len(bans), 2))
         # the cache lengths the decoder gathers: the longest target and source of the batch
         return self.bucket(max(r[1] for r in rows)), self.bucket(max(r[3] for r in rows))

@@ -5,7 +5,8 @@
 Each DIR is an `evaluate -o` directory (results.csv and outputs/SET/MODEL.SETTING.jsonl). For every
 set and setting that BEFORE and an AFTER share: BLEU and AL of each, and the share of outputs that
 repeat a word bigram or a word trigram more often than their reference does (case and punctuation
-ignored), and the hypotheses that stopped before half the source (recipes/short_hypotheses.py's rule).
+ignored), that stutter (a run of one to four words twice in a row, "a drink drink", which their reference
+does not do), and the hypotheses that stopped before half the source (recipes/short_hypotheses.py's rule).
 """
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def repeats(text: str, reference: str, n: int) -> bool:
     return any(c > 1 and ref[g] < c for g, c in grams(text, n).items())
 
 
+def stutters(text: str, longest: int = 4) -> bool:
+    words = re.findall(r"\w+", text.lower())
+    return any(words[i:i + m] == words[i + m:i + 2 * m] for m in range(1, longest + 1)
+               for i in range(len(words) - 2 * m + 1))
+
+
 def stopped_early(r) -> bool:
     delays = r.token_delays
     return len(delays) > 1 and delays[-2] < 0.5 * (r.source_subwords + 1)
@@ -47,6 +54,7 @@ def summary(run: Path) -> dict[tuple[str, str], dict]:
             "BLEU": float(row["BLEU"]), "AL": float(row["AL"]),
             "rep2": 100 * sum(repeats(r.prediction, ref, 2) for r, ref in zip(results, refs)) / n,
             "rep3": 100 * sum(repeats(r.prediction, ref, 3) for r, ref in zip(results, refs)) / n,
+            "stutter": 100 * sum(stutters(r.prediction) and not stutters(ref) for r, ref in zip(results, refs)) / n,
             "early": 100 * sum(stopped_early(r) for r in results) / n}
     return out
 
@@ -62,8 +70,8 @@ def main(argv: list[str]) -> int:
     for d in argv[1:]:
         after.update(summary(Path(d)))
     print("| set | model, setting | BLEU before → after | AL before → after | repeated bigram % | repeated trigram % "
-          "| stopped early % |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          "| stutter % | stopped early % |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     falls = 0
     for key in sorted(after, key=lambda k: (k[1], k[0])):
         if key not in before:
@@ -72,7 +80,7 @@ def main(argv: list[str]) -> int:
         falls += a["BLEU"] < b["BLEU"]
         print(f"| {key[0].removeprefix('test.')} | {key[1]} | {b['BLEU']:.2f} → {a['BLEU']:.2f} ({a['BLEU'] - b['BLEU']:+.2f}) "
               f"| {b['AL']:.2f} → {a['AL']:.2f} | {b['rep2']:.1f} → {a['rep2']:.1f} | {b['rep3']:.1f} → {a['rep3']:.1f} "
-              f"| {b['early']:.1f} → {a['early']:.1f} |")
+              f"| {b['stutter']:.1f} → {a['stutter']:.1f} | {b['early']:.1f} → {a['early']:.1f} |")
     print(f"\nBLEU falls on {falls} of the rows above")
     return 0
 

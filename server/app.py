@@ -77,7 +77,8 @@ class ServerState:
             dtype = pick_dtype(s.dtype, device)
             for name, path in self.checkpoints.items():
                 # loading and packing the weights is model work: off the event loop
-                options = DecodingOptions(no_repeat_ngram=s.no_repeat_ngram, early_eos=s.early_eos)
+                options = DecodingOptions(no_repeat_ngram=s.no_repeat_ngram, early_eos=s.early_eos,
+                                          no_stutter=s.no_stutter)
                 decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, s.step, options)
                 eng = ModelEngine(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,

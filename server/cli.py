@@ -24,6 +24,8 @@ FLAGS = {
                                 "CUDA graphs on CUDA), host, sync-free, static, plain (docs/benchmarks.md)"}),
     "--no-repeat-ngram": ("no_repeat_ngram", {"type": int, "help": "never write a subword that repeats an N-gram "
                                                                    "of the sentence's translation (default 0: off)"}),
+    "--no-stutter": ("no_stutter", {"type": int, "help": "never write a subword that repeats the last M <= N "
+                                                         "subwords right after them (default 0: off)"}),
     "--early-eos": ("early_eos", {"help": "an EOS before the source has ended: read (default: wait for the next "
                                           "word) or write (the best other token)"}),
     "--boundary-model": ("boundary_model", {"help": "the sentence-boundary classifier of auto_segment "

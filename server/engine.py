@@ -18,6 +18,7 @@ only while no job runs. Model compute never runs on the event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -94,8 +95,7 @@ class ModelEngine:
                 "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
                 "dtype": str(self.dec.dtype).removeprefix("torch."), "step_form": self.dec.form.describe(),
-                "decoding": {"no_repeat_ngram": self.dec.options.no_repeat_ngram,
-                             "early_eos": self.dec.options.early_eos},
+                "decoding": dataclasses.asdict(self.dec.options),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},
                 "active_streams": len(self.handles)}
 

@@ -41,6 +41,8 @@ class ServerSettings(BaseSettings):
                                "`eager` = default")
     no_repeat_ngram: int = Field(0, ge=0, le=16, description="never write a subword that repeats an N-gram of the "
                                                            "sentence's translation (0: off)")
+    no_stutter: int = Field(0, ge=0, le=16, description="never write a subword that repeats the last M <= N "
+                                                      "subwords right after them (0: off)")
     early_eos: Literal["read", "write"] = Field("read", description="an EOS before the source has ended: read "
                                                                     "(wait for the next word) or write (the best "
                                                                     "other token)")

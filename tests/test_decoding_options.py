@@ -1,4 +1,4 @@
-"""Decoding options (models/decoding.py): no repeated n-grams, EOS before the source ends. Each holds
+"""Decoding options (models/decoding.py): no repeated n-grams, no stutter, EOS before the source ends. Each holds
 in the one step, keeps the equivalences (batched = single stream, streaming = full computation), and
 reaches every front end."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from conftest import POLICIES, random_decoder
 from test_streaming_equivalence import SENTENCES, teacher_forced
 
 from models.checkpoint import load_checkpoint
-from models.decoding import DecodingError, DecodingOptions, banned_tokens
+from models.decoding import DecodingError, DecodingOptions, all_bans, banned_tokens, stutter_tokens
 from models.data.synthetic import make_pairs
 from models.step import StreamingDecoder
 from models.translate import simulate
@@ -45,6 +45,48 @@ def test_banned_tokens():
         DecodingOptions(early_eos="never")
 
 
+def stutters(tokens, n):
+    """Whether `tokens` holds a run of m <= n tokens twice in a row."""
+    return any(tokens[i:i + m] == tokens[i + m:i + 2 * m] for m in range(1, n + 1)
+               for i in range(len(tokens) - 2 * m + 1))
+
+
+def test_stutter_tokens():
+    assert stutter_tokens([5, 6, 7], 3) == [7]                 # 7 7
+    assert stutter_tokens([5, 6, 5, 6], 3) == [5, 6]           # 6 6, and 5 6 5 6 5 ends "6 5 6 5"
+    assert stutter_tokens([1, 2, 3, 1, 2], 3) == [2, 3]        # 2 2, and 1 2 3 1 2 3
+    assert stutter_tokens([1, 2, 3, 1, 2], 1) == [2]
+    assert stutter_tokens([], 2) == [] and stutter_tokens([4], 0) == []
+    # a token is banned exactly when the target would end with a run of m <= n tokens twice
+    for target in ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2], [1, 1, 2, 1, 1, 2, 1]):
+        for n in range(1, 6):
+            banned = stutter_tokens(target, n)
+            for tok in range(10):
+                new = target + [tok]
+                ends = any(len(new) >= 2 * m and new[-m:] == new[-2 * m:-m] for m in range(1, n + 1))
+                assert (tok in banned) == ends, (target, n, tok)
+    assert all_bans([1, 2, 1], DecodingOptions(no_repeat_ngram=2, no_stutter=1)) == [1, 2]
+    with pytest.raises(DecodingError):
+        DecodingOptions(no_stutter=17)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_no_stutter_is_written_and_streams_stay_exact(policy, word_tok):
+    """The untrained model stutters; with no_stutter=3 no output holds a run of up to 3 tokens twice in
+    a row; batched = single stream = whole sentence, and the sync-free step bans the same."""
+    plain = random_decoder(word_tok, policy, seed=8)
+    dec = with_options(plain, no_stutter=3)
+    before = tokens_of(plain, LONGER, batch_size=4)
+    after = tokens_of(dec, LONGER, batch_size=4)
+    assert any(stutters(t, 3) for t, _ in before)
+    assert not any(stutters(t, 3) for t, _ in after)
+    alone = [tokens_of(dec, [s], batch_size=1)[0] for s in LONGER]
+    whole = tokens_of(dec, LONGER, whole_sentence=True, batch_size=5)
+    assert alone == after == whole
+    sync_free = StreamingDecoder(plain.model, word_tok, form="sync-free", options=dec.options)
+    assert tokens_of(sync_free, LONGER, batch_size=4) == after
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_no_repeated_ngram_is_written_and_streams_stay_exact(policy, word_tok):
     """An untrained model repeats itself freely: with the rule, no target n-gram occurs twice; the
@@ -65,16 +107,17 @@ def test_no_repeated_ngram_is_written_and_streams_stay_exact(policy, word_tok):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_the_rule_equals_full_computation_with_the_same_bans(policy, trained_decoders):
+@pytest.mark.parametrize("options", [{"no_repeat_ngram": 2}, {"no_stutter": 2}, {"no_repeat_ngram": 3, "no_stutter": 1}])
+def test_the_rule_equals_full_computation_with_the_same_bans(policy, options, trained_decoders):
     """Teacher forcing over the whole written target, with each position's banned tokens removed
     from its logits, chooses exactly the tokens the stream wrote."""
-    dec = with_options(trained_decoders[policy], no_repeat_ngram=2)
+    dec = with_options(trained_decoders[policy], **options)
     _, states = simulate(dec, SENTENCES + LONGER[:4], record=True, batch_size=4)
     for state in states:
         logits, _ = teacher_forced(dec, state)
         logits = logits[0].clone()
         for i in range(len(state.target_tokens)):
-            ban = banned_tokens(state.target_tokens[:i], 2)
+            ban = all_bans(state.target_tokens[:i], dec.options)
             logits[i, ban] = float("-inf")
         if dec._max_target_len(state) > len(state.target_tokens) - 1:
             assert logits.argmax(-1).tolist()[:-1] == state.target_tokens[:-1]
@@ -109,24 +152,26 @@ def test_front_ends_take_the_options(trained, tmp_path, capsys):
     src.write_text("\n".join(LONGER[:4]) + "\n")
     out = tmp_path / "o.jsonl"
     assert main(["translate", "-m", str(trained["gma"]), "-i", str(src), "-o", str(out), "--no-repeat-ngram", "2",
-                 "--early-eos", "write"]) == 0
+                 "--early-eos", "write", "--no-stutter", "2"]) == 0
     model, tok, _ = load_checkpoint(trained["gma"])
-    want = simulate(StreamingDecoder(model, tok, options=DecodingOptions(2, "write")), LONGER[:4])
+    want = simulate(StreamingDecoder(model, tok, options=DecodingOptions(2, "write", 2)), LONGER[:4])
     assert [json.loads(line)["prediction"] for line in out.read_text().splitlines()] == [r.prediction for r in want]
     assert main(["translate", "-m", str(trained["gma"]), "-i", str(src), "--no-repeat-ngram", "-2"]) == 2
     assert "no_repeat_ngram must be an integer" in capsys.readouterr().err
+    assert main(["translate", "-m", str(trained["gma"]), "-i", str(src), "--no-stutter", "99"]) == 2
+    assert "no_stutter must be an integer" in capsys.readouterr().err
 
 
 def test_server_applies_the_options(trained):
     import httpx
     from test_server import LiveServer, assert_matches, sentence_messages, talk
     model, tok, _ = load_checkpoint(trained["waitk"])
-    dec = StreamingDecoder(model, tok, options=DecodingOptions(no_repeat_ngram=2, early_eos="write"))
+    dec = StreamingDecoder(model, tok, options=DecodingOptions(no_repeat_ngram=2, early_eos="write", no_stutter=3))
     sentences = LONGER[:3]
-    with LiveServer(models={"waitk": str(trained["waitk"])}, no_repeat_ngram=2, early_eos="write",
+    with LiveServer(models={"waitk": str(trained["waitk"])}, no_repeat_ngram=2, early_eos="write", no_stutter=3,
                     rate_limit=10000, rate_burst=10000) as srv:
         info = httpx.get(srv.http + "/v1/models").json()["models"][0]
-        assert info["decoding"] == {"no_repeat_ngram": 2, "early_eos": "write"}
+        assert info["decoding"] == {"no_repeat_ngram": 2, "early_eos": "write", "no_stutter": 3}
         received, code = asyncio.run(talk(srv.url, [{"type": "start", "model": "waitk", "k": 2}]
                                           + sentence_messages(sentences) + [{"type": "end_stream"}]))
     assert code == 1000
