@@ -17,7 +17,7 @@ from models.training.train import (TrainConfig, Trainer, calibration_backward, c
                                    is_mask_parameter)
 from models.transformer import Transformer
 from models.translate import simulate
-from test_streaming_equivalence import teacher_forced
+from test_streaming_equivalence import chosen_tokens, teacher_forced
 
 SENTENCES = [src for src, _ in make_pairs(10, min_len=1, max_len=9, seed=7)]
 VARIANTS = {
@@ -367,7 +367,7 @@ def test_streaming_equals_full_computation_and_batching(name, policy, word_tok):
     for state in states:
         logits, info = teacher_forced(dec, state)
         if dec._max_target_len(state) > len(state.target_tokens) - 1:
-            assert logits[0].argmax(-1).tolist()[:-1] == state.target_tokens[:-1], (name, policy)
+            assert chosen_tokens(dec, logits[0], state.target_tokens)[:-1] == state.target_tokens[:-1], (name, policy)
         for i, rec in enumerate(state.record):
             for layer in range(dec.cfg.decoder_layers):
                 assert rec["n"][layer] == int(info["n"][layer][0, i])

@@ -8,6 +8,7 @@ import torch
 from conftest import POLICIES, random_decoder
 
 from models.data.synthetic import make_pairs
+from models.decoding import all_bans
 from models.translate import simulate
 
 SENTENCES = [src for src, _ in make_pairs(10, min_len=1, max_len=9, seed=7)]
@@ -54,13 +55,22 @@ def test_streaming_equals_teacher_forced(policy, source, trained_decoders, word_
     assert_streams_are_the_full_computation(dec, dec, states, policy)
 
 
+def chosen_tokens(dec, logits, target) -> list[int]:
+    """The token each teacher-forced position picks under `dec`'s decoding options: the argmax over
+    the tokens those options allow after the target before it."""
+    logits = logits.clone()
+    for i in range(len(logits)):
+        logits[i, all_bans(target[:i], dec.options)] = float("-inf")
+    return logits.argmax(-1).tolist()
+
+
 def assert_streams_are_the_full_computation(dec, full, states, policy, attention=True):
     """Each recorded stream of `dec` wrote what `full` (an object with .model and .cfg) computes over
     the whole sequence: the tokens, every layer's window, GMA's p and (if asked) the attention."""
     for state in states:
         logits, info = teacher_forced(full, state)
         if dec._max_target_len(state) > len(state.target_tokens) - 1:  # not cut by the length cap
-            assert logits[0].argmax(-1).tolist()[:-1] == state.target_tokens[:-1]
+            assert chosen_tokens(dec, logits[0], state.target_tokens)[:-1] == state.target_tokens[:-1]
         for i, rec in enumerate(state.record):
             for layer in range(dec.cfg.decoder_layers):
                 assert rec["n"][layer] == int(info["n"][layer][0, i]), (policy, i, layer)

@@ -71,7 +71,7 @@ step "bench server (compiled step)" "$BUDGET_SERVER" \
 step "evaluate: float32 against bfloat16 (first $EVAL_LIMIT sentences of each set)" "$BUDGET_EVAL" \
   bash -c "for dtype in float32 bfloat16; do
       simulserve evaluate -m $CKPT --label \"GMA \$dtype\" --delta 1 --data '$DATA' \
-        --sets everyday,dialogue,bible,ddtp,libreoffice --limit $EVAL_LIMIT --batch-size 64 --device $DEVICE \
+        --sets everyday,unseen,dialogue,bible,ddtp,libreoffice --limit $EVAL_LIMIT --batch-size 64 --device $DEVICE \
         --dtype \$dtype -o /tmp/simulserve-eval-\$dtype --quiet || exit \$?
     done
     $(command -v "$PY") - <<'PYEOF'
