@@ -8,6 +8,7 @@ Three rules, each applied in `StreamingDecoder._decode` (so identically for the 
 - `no_stutter = n` (0: off): a WRITE never makes the translation end with the same run of m <= n
   subwords twice in a row ("a drink drink", "very very very", "full power full power"). The models'
   most visible error; unlike `no_repeat_ngram` it leaves a phrase that comes back later alone.
+  None (the default) takes the policy's own default, `NO_STUTTER_DEFAULT`.
 - `early_eos`: what a simultaneous model's EOS means while the source has not ended. "read" (the
   reference agents' rule): a READ, and the model tries again after the next source word. "write": EOS
   is not allowed until the source has ended, so the step writes the best other token.
@@ -15,11 +16,16 @@ Greedy steps only: beam search (offline models) keeps its own scores and ignores
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from models.errors import UserError
 
 EARLY_EOS = ("read", "write")
+# no_stutter's default per policy, from the full test sets (docs/results.md, "Decoding options"): on for
+# GMA, whose BLEU rose on all six sets at its default δ; off where BLEU fell on some set: wait-k at
+# small k (its forced writes come with little source, and the next-best token is often worse than the
+# repeat) and offline greedy (unseen -0.06)
+NO_STUTTER_DEFAULT = {"gma": 12}
 
 
 class DecodingError(UserError):
@@ -30,17 +36,24 @@ class DecodingError(UserError):
 class DecodingOptions:
     no_repeat_ngram: int = 0
     early_eos: str = "read"
-    no_stutter: int = 0
+    no_stutter: int | None = None
 
     def __post_init__(self):
         if isinstance(self.no_repeat_ngram, bool) or not isinstance(self.no_repeat_ngram, int) \
                 or not 0 <= self.no_repeat_ngram <= 16:
             raise DecodingError(f"no_repeat_ngram must be an integer from 0 (off) to 16, got {self.no_repeat_ngram!r}")
-        if isinstance(self.no_stutter, bool) or not isinstance(self.no_stutter, int) \
-                or not 0 <= self.no_stutter <= 16:
+        if self.no_stutter is not None and (isinstance(self.no_stutter, bool) or not isinstance(self.no_stutter, int)
+                                            or not 0 <= self.no_stutter <= 16):
             raise DecodingError(f"no_stutter must be an integer from 0 (off) to 16, got {self.no_stutter!r}")
         if self.early_eos not in EARLY_EOS:
             raise DecodingError(f"early_eos must be one of {', '.join(EARLY_EOS)}, got {self.early_eos!r}")
+
+
+    def for_policy(self, policy: str) -> DecodingOptions:
+        """These options with no_stutter = None replaced by the policy's default."""
+        if self.no_stutter is not None:
+            return self
+        return replace(self, no_stutter=NO_STUTTER_DEFAULT.get(policy, 0))
 
 
 def banned_tokens(target: list[int], n: int) -> list[int]:
@@ -70,14 +83,19 @@ def all_bans(target: list[int], options: DecodingOptions) -> list[int]:
     return sorted(bans)
 
 
+def stutter_defaults() -> str:
+    """NO_STUTTER_DEFAULT in words, for help texts."""
+    return ", ".join(f"{n} for {policy}" for policy, n in NO_STUTTER_DEFAULT.items()) + ", 0 for the others"
+
+
 def add_decoding_arguments(parser) -> None:
     """--no-repeat-ngram and --early-eos of every command that translates."""
     parser.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                         help="never write a subword that repeats an N-gram of the sentence's translation "
                              "(default 0: off)")
-    parser.add_argument("--no-stutter", type=int, default=0, metavar="N",
+    parser.add_argument("--no-stutter", type=int, default=None, metavar="N",
                         help="never write a subword that repeats the last M <= N subwords right after them "
-                             "(default 0: off)")
+                             "(0: off; default: " + stutter_defaults() + ")")
     parser.add_argument("--early-eos", choices=EARLY_EOS, default="read",
                         help="an EOS before the source has ended: read (default: wait for the next word) or "
                              "write (the best other token)")
@@ -86,4 +104,4 @@ def add_decoding_arguments(parser) -> None:
 def decoding_options(args) -> DecodingOptions:
     return DecodingOptions(no_repeat_ngram=getattr(args, "no_repeat_ngram", 0) or 0,
                            early_eos=getattr(args, "early_eos", None) or "read",
-                           no_stutter=getattr(args, "no_stutter", 0) or 0)
+                           no_stutter=getattr(args, "no_stutter", None))

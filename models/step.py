@@ -32,7 +32,8 @@ class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,
                  form: str | StepForm = "default", options: DecodingOptions | None = None):
         self.model = model.eval()
-        self.options = options or DecodingOptions()
+        # the decoding rules, with the policy's defaults filled in
+        self.options = (options or DecodingOptions()).for_policy(model.cfg.policy)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # how the steps run (models/step_form.py): chosen once, checked against the device

@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from models.decoding import stutter_defaults
+
 # flag -> (settings field, argparse keywords)
 FLAGS = {
     "--host": ("host", {}),
@@ -25,7 +27,8 @@ FLAGS = {
     "--no-repeat-ngram": ("no_repeat_ngram", {"type": int, "help": "never write a subword that repeats an N-gram "
                                                                    "of the sentence's translation (default 0: off)"}),
     "--no-stutter": ("no_stutter", {"type": int, "help": "never write a subword that repeats the last M <= N "
-                                                         "subwords right after them (default 0: off)"}),
+                                                         "subwords right after them (0: off; default: "
+                                                         + stutter_defaults() + ")"}),
     "--early-eos": ("early_eos", {"help": "an EOS before the source has ended: read (default: wait for the next "
                                           "word) or write (the best other token)"}),
     "--boundary-model": ("boundary_model", {"help": "the sentence-boundary classifier of auto_segment "

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, YamlConfigSettingsSource
 
+from models.decoding import stutter_defaults
+
 
 class SettingsError(ValueError):
     pass
@@ -41,8 +43,8 @@ class ServerSettings(BaseSettings):
                                "`eager` = default")
     no_repeat_ngram: int = Field(0, ge=0, le=16, description="never write a subword that repeats an N-gram of the "
                                                            "sentence's translation (0: off)")
-    no_stutter: int = Field(0, ge=0, le=16, description="never write a subword that repeats the last M <= N "
-                                                      "subwords right after them (0: off)")
+    no_stutter: int | None = Field(None, ge=0, le=16, description="never write a subword that repeats the last "
+                                   "M <= N subwords right after them (0: off; default: " + stutter_defaults() + ")")
     early_eos: Literal["read", "write"] = Field("read", description="an EOS before the source has ended: read "
                                                                     "(wait for the next word) or write (the best "
                                                                     "other token)")

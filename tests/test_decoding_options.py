@@ -11,7 +11,8 @@ from conftest import POLICIES, random_decoder
 from test_streaming_equivalence import SENTENCES, chosen_tokens, teacher_forced
 
 from models.checkpoint import load_checkpoint
-from models.decoding import DecodingError, DecodingOptions, all_bans, banned_tokens, stutter_tokens
+from models.decoding import (NO_STUTTER_DEFAULT, DecodingError, DecodingOptions, all_bans, banned_tokens,
+                             stutter_tokens)
 from models.data.synthetic import make_pairs
 from models.step import StreamingDecoder
 from models.translate import simulate
@@ -70,11 +71,22 @@ def test_stutter_tokens():
         DecodingOptions(no_stutter=17)
 
 
+def test_no_stutter_defaults_to_the_policy_default(word_tok):
+    """None (every front end's default) becomes NO_STUTTER_DEFAULT's value for the model's policy;
+    an explicit value, 0 included, is kept."""
+    for policy in POLICIES:
+        dec = random_decoder(word_tok, policy)
+        assert dec.options.no_stutter == NO_STUTTER_DEFAULT.get(policy, 0)
+        assert with_options(dec, no_stutter=0).options.no_stutter == 0
+        assert with_options(dec, no_stutter=5).options.no_stutter == 5
+    assert NO_STUTTER_DEFAULT.get("gma")   # on for GMA: the shipped default model
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_no_stutter_is_written_and_streams_stay_exact(policy, word_tok):
     """The untrained model stutters; with no_stutter=3 no output holds a run of up to 3 tokens twice in
     a row; batched = single stream = whole sentence, and the sync-free step bans the same."""
-    plain = random_decoder(word_tok, policy, seed=8)
+    plain = with_options(random_decoder(word_tok, policy, seed=8), no_stutter=0)
     dec = with_options(plain, no_stutter=3)
     before = tokens_of(plain, LONGER, batch_size=4)
     after = tokens_of(dec, LONGER, batch_size=4)
@@ -173,6 +185,16 @@ def test_server_applies_the_options(trained):
                                           + sentence_messages(sentences) + [{"type": "end_stream"}]))
     assert code == 1000
     assert_matches(received, [simulate(dec, [s], batch_size=1, k=2)[0] for s in sentences])
+
+
+def test_server_reports_each_models_default(trained):
+    """Without the setting, each model gets its policy's no_stutter default, and the server says which."""
+    import httpx
+    from test_server import LiveServer
+    with LiveServer(models={"gma": str(trained["gma"]), "waitk": str(trained["waitk"])}) as srv:
+        info = {m["name"]: m["decoding"] for m in httpx.get(srv.http + "/v1/models").json()["models"]}
+    assert info["gma"]["no_stutter"] == NO_STUTTER_DEFAULT["gma"]
+    assert info["waitk"]["no_stutter"] == NO_STUTTER_DEFAULT.get("waitk", 0)
 
 
 def test_decoding_table_counts_repeats_the_reference_does_not_have(tmp_path, trained):
