@@ -389,7 +389,8 @@ class StreamingDecoder:
             if keep is not None:   # batch rows -> rows of `hidden` (bans of READ rows are dropped)
                 kept = keep[rows]
                 rows, toks = (torch.cumsum(keep, 0) - 1)[rows[kept]], toks[kept]
-            logits[rows, toks] = float("-inf")
+            # (a tensor value, not a Python float: no host-made tensor beyond the step's one upload)
+            logits.index_put_((rows, toks), logits.new_full((), float("-inf")))
         return logits.argmax(-1)
 
     def _write(self, s: StreamState, token: int) -> StepOutput:
@@ -398,7 +399,7 @@ class StreamingDecoder:
         s.token_delays.append(s.available)
         released = []
         eos = token == self.cfg.eos_id
-        if s.pending and (eos or self.tok.starts_word(token)):
+        if s.pending and (eos or self.tok.starts_word(token) or s.pending[-1] == self.cfg.unk_id):
             word = self._release(s)
             if word.text:  # a lone "▁" piece makes no word
                 released.append(word)

@@ -24,8 +24,9 @@ class Tokenizer:
             self.proto = Path(model).read_bytes()
             self.sp.LoadFromSerializedProto(self.proto)
         n = self.sp.get_piece_size()
+        # SentencePiece writes <unk> as " ⁇ ", a word of its own: it starts one, and so does what follows it
         self.word_start = [self.sp.id_to_piece(i).startswith(WORD_START) or self.sp.is_control(i)
-                           for i in range(n)]
+                           or self.sp.is_unknown(i) for i in range(n)]
 
     @property
     def vocab_size(self) -> int:

@@ -12,14 +12,18 @@ import time
 
 import torch
 
+from models.decoding import DecodingOptions, all_bans
 from models.step import MAX_LEN_A, MAX_LEN_B, StreamingDecoder
 from models.translate import simulate
 
 
 @torch.inference_mode()
-def naive_translate(model, tok, sentence: str, k: int | None = None, delta: float | None = None):
-    """-> (target tokens incl. EOS, token delays) recomputing everything at every step."""
+def naive_translate(model, tok, sentence: str, k: int | None = None, delta: float | None = None,
+                    options: DecodingOptions | None = None):
+    """-> (target tokens incl. EOS, token delays) recomputing everything at every step, under the
+    same decoding options as the streaming step (default: the policy's)."""
     cfg = model.cfg
+    options = (options or DecodingOptions()).for_policy(cfg.policy)
     if cfg.policy == "waitk" and k is None:
         k = cfg.default_k
     if cfg.policy == "gma" and delta is None:
@@ -51,7 +55,11 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
                 if not finished and cfg.policy == "gma" and max(needs) > avail:
                     must_read = True
                 else:
-                    token = int(logits[0, -1].argmax())
+                    scores = logits[0, -1].clone()
+                    scores[all_bans(tgt, options)] = float("-inf")
+                    if options.early_eos == "write" and not finished:
+                        scores[cfg.eos_id] = float("-inf")
+                    token = int(scores.argmax())
                     must_read = token == cfg.eos_id and not finished  # no EOS before the source ends
         if must_read:
             if read < len(words):
@@ -88,7 +96,7 @@ def bench_engine(decoder: StreamingDecoder, source_lines: list[str], lengths=(10
     # first calls pay one-time costs (allocator, kernel selection); keep them out of both timings
     warm = make_sentences(source_lines, min(lengths), 1)
     simulate(decoder, warm, k=k, delta=delta, batch_size=1)
-    naive_translate(decoder.model, decoder.tok, warm[0], k=k, delta=delta)
+    naive_translate(decoder.model, decoder.tok, warm[0], k=k, delta=delta, options=decoder.options)
     for n in lengths:
         sentences = make_sentences(source_lines, n, count)
         stream_ms, naive_ms, tokens, same = [], [], [], True
@@ -97,7 +105,7 @@ def bench_engine(decoder: StreamingDecoder, source_lines: list[str], lengths=(10
             (res,) = simulate(decoder, [s], k=k, delta=delta, batch_size=1)
             stream_ms.append((time.perf_counter() - t0) * 1000)
             t0 = time.perf_counter()
-            tgt, delays = naive_translate(decoder.model, decoder.tok, s, k=k, delta=delta)
+            tgt, delays = naive_translate(decoder.model, decoder.tok, s, k=k, delta=delta, options=decoder.options)
             naive_ms.append((time.perf_counter() - t0) * 1000)
             tokens.append(res.target_tokens)
             same &= (len(tgt) == res.target_tokens and delays == res.token_delays
