@@ -48,7 +48,6 @@ class DecodingOptions:
         if self.early_eos not in EARLY_EOS:
             raise DecodingError(f"early_eos must be one of {', '.join(EARLY_EOS)}, got {self.early_eos!r}")
 
-
     def for_policy(self, policy: str) -> DecodingOptions:
         """These options with no_stutter = None replaced by the policy's default."""
         if self.no_stutter is not None:
@@ -89,7 +88,7 @@ def stutter_defaults() -> str:
 
 
 def add_decoding_arguments(parser) -> None:
-    """--no-repeat-ngram and --early-eos of every command that translates."""
+    """--no-repeat-ngram, --no-stutter and --early-eos of every command that translates."""
     parser.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                         help="never write a subword that repeats an N-gram of the sentence's translation "
                              "(default 0: off)")
