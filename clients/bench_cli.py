@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from models.decoding import add_decoding_arguments, decoding_options
+
 # everyday German: the everyday set (260 lines), then the dialogue set (games' conversations)
 PEER_SOURCE = "data/de-en-everyday/test.everyday.de,data/de-en-everyday/test.dialogue.de"
 DEVICE_HELP = "auto (default: cuda when available, else cpu), cpu, cuda, cuda:N"
@@ -37,6 +39,7 @@ def register(sub) -> None:
     e.add_argument("--threads", type=int, default=1, help="torch threads (1: per-stream cost; CPU only)")
     e.add_argument("--device", default="auto", help=DEVICE_HELP)
     e.add_argument("--json", help="also write the rows here")
+    add_decoding_arguments(e)
     e.set_defaults(func=run_engine)
     st = which.add_parser(
         "step", help="the streaming step with its fast paths vs without, per batch size",
@@ -83,6 +86,7 @@ def register(sub) -> None:
                     help="also: GFLOP/s of single linears on the CPU (the matrix units' rate) in float32 and "
                          "bfloat16")
     st.add_argument("--json", help="also write the rows here")
+    add_decoding_arguments(st)
     st.set_defaults(func=run_step)
     pe = which.add_parser(
         "peer", help="offline decoding side by side with CTranslate2 (the [peer] extra)",
@@ -191,12 +195,15 @@ def run_step(args) -> int:
     lines = _source_lines(args.source)
     where = f"{device}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
     with tqdm(total=len(sizes) * args.rounds * 2, desc="fast vs plain", unit="run") as bar:
-        rows = bench_fast_paths(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar)
+        rows = bench_fast_paths(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
+                                options=decoding_options(args))
     paths = _paths(args.paths)
     with tqdm(total=len(paths) * len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
         host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
-                                   paths=paths)
-    print(f"\n{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s)), "
+                                   paths=paths, options=decoding_options(args))
+    rules = decoding_options(args).for_policy(model.cfg.policy)
+    print(f"\n{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s), "
+          f"no_stutter {rules.no_stutter}, no_repeat_ngram {rules.no_repeat_ngram}), "
           f"{rows[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")
     print("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |")
     print("|---:|---:|---:|---:|---:|:---:|")
@@ -319,7 +326,7 @@ def run_engine(args) -> int:
     all_rows = []
     for name in names:
         model, tok, device = _load(name, args.device)
-        dec = StreamingDecoder(model, tok)
+        dec = StreamingDecoder(model, tok, options=decoding_options(args))
         k = args.k if model.cfg.policy == "waitk" else None
         delta = args.delta if model.cfg.policy == "gma" else None
         with tqdm(total=len(lengths) * args.count, desc=str(name), unit="sent") as bar:

@@ -138,8 +138,9 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     out = tmp_path / "step.json"
     r = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src),
             "--batch-sizes", "1,2", "--sentences", "2", "--rounds", "1", "--json", str(out),
-            "--paths", "host,sync-free,static")
+            "--paths", "host,sync-free,static", "--no-stutter", "3")
     assert r.returncode == 0, r.stderr
+    assert "no_stutter 3, no_repeat_ngram 0" in r.stdout   # the decoding rules the figures were taken with
     lines = r.stdout.splitlines()
     head = lines.index("| step | batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | "
                        "reads/step | identical | same as first |")

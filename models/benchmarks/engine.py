@@ -122,12 +122,14 @@ def bench_engine(decoder: StreamingDecoder, source_lines: list[str], lengths=(10
 
 
 def bench_fast_paths(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
-                     rounds: int = 3, max_words: int = 30, progress=None) -> list[dict]:
+                     rounds: int = 3, max_words: int = 30, progress=None,
+                     options: DecodingOptions | None = None) -> list[dict]:
     """The streaming step with its fast paths (fused attention kernel, packed and fused linears)
     against the same model without them, per batch size: ms per written token over `sentences`
     test sentences arriving word by word, median of `rounds` alternating rounds (so that both
     see the same machine), and whether both wrote the same tokens with the same delays."""
-    fast, plain = StreamingDecoder(model, tok), StreamingDecoder(model, tok, form="plain")
+    fast = StreamingDecoder(model, tok, options=options)
+    plain = StreamingDecoder(model, tok, form="plain", options=options)
     chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
     if not chosen:
         raise ValueError(f"no source line of 1-{max_words} words")

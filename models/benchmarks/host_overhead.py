@@ -153,7 +153,8 @@ def profile_traffic(fn, cuda: bool = False) -> dict:
 
 
 def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
-                        rounds: int = 3, max_words: int = 30, progress=None, paths=("default",)) -> list[dict]:
+                        rounds: int = 3, max_words: int = 30, progress=None, paths=("default",),
+                        options=None) -> list[dict]:
     """Per step form (models/step_form.FORMS) and batch size: the streaming step's mean wall time against
     its kernel time, and the host↔device traffic per step (module docstring), over the first
     `sentences` source lines of 1-`max_words` words arriving word by word (as `bench_fast_paths`
@@ -163,7 +164,7 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
         raise ValueError(f"no source line of 1-{max_words} words")
     rows, first = [], {}
     for path in paths:
-        dec = TimedDecoder(model, tok, form=path)
+        dec = TimedDecoder(model, tok, form=path, options=options)
         for row in _bench_one(dec, chosen, batch_sizes, rounds, progress):
             row["path"] = path
             outs = row.pop("_outputs")
