@@ -194,14 +194,15 @@ def run_step(args) -> int:
     model, tok, device = _load(args.checkpoint, args.device, args.dtype)
     lines = _source_lines(args.source)
     where = f"{device}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
+    options = decoding_options(args)
     with tqdm(total=len(sizes) * args.rounds * 2, desc="fast vs plain", unit="run") as bar:
         rows = bench_fast_paths(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
-                                options=decoding_options(args))
+                                options=options)
     paths = _paths(args.paths)
     with tqdm(total=len(paths) * len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
         host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
-                                   paths=paths, options=decoding_options(args))
-    rules = decoding_options(args).for_policy(model.cfg.policy)
+                                   paths=paths, options=options)
+    rules = options.for_policy(model.cfg.policy)
     print(f"\n{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s), "
           f"no_stutter {rules.no_stutter}, no_repeat_ngram {rules.no_repeat_ngram}), "
           f"{rows[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")

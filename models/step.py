@@ -399,7 +399,7 @@ class StreamingDecoder:
         s.token_delays.append(s.available)
         released = []
         eos = token == self.cfg.eos_id
-        if s.pending and (eos or self.tok.starts_word(token) or s.pending[-1] == self.cfg.unk_id):
+        if s.pending and (eos or self.tok.starts_word(token, s.pending[-1])):
             word = self._release(s)
             if word.text:  # a lone "▁" piece makes no word
                 released.append(word)

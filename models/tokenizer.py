@@ -3,7 +3,8 @@
 Source words are encoded one at a time as they arrive (SentencePiece never lets
 a piece cross whitespace, so this equals encoding the sentence). Target pieces
 are grouped into words: a word is complete when the next piece starts a new
-word ("▁") or the sentence ends.
+word ("▁", or anything after <unk>, which SentencePiece writes as " ⁇ ") or the
+sentence ends.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ class Tokenizer:
             self.proto = Path(model).read_bytes()
             self.sp.LoadFromSerializedProto(self.proto)
         n = self.sp.get_piece_size()
-        # SentencePiece writes <unk> as " ⁇ ", a word of its own: it starts one, and so does what follows it
         self.word_start = [self.sp.id_to_piece(i).startswith(WORD_START) or self.sp.is_control(i)
                            or self.sp.is_unknown(i) for i in range(n)]
+        self.unk_id = self.sp.unk_id()
 
     @property
     def vocab_size(self) -> int:
@@ -46,6 +47,8 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.sp.decode(list(ids))
 
-    def starts_word(self, token: int) -> bool:
-        return self.word_start[token]
+    def starts_word(self, token: int, previous: int | None = None) -> bool:
+        """Whether `token`, written after `previous`, begins a new target word. SentencePiece writes
+        <unk> as " ⁇ ", a word of its own: it starts one, and so does whatever follows it."""
+        return self.word_start[token] or previous == self.unk_id
 
