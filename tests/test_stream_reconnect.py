@@ -55,7 +55,10 @@ def test_stream_reconnects_after_the_server_restarts(trained):
     t = threading.Thread(target=restart)
     t.start()
     try:
-        summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, warn=notes.append))
+        # reconnect=6: the second server may take seconds to load its models on a loaded CI machine, and
+        # the default 3 tries (0.5 + 1 + 2 s of back-off) are about a user's patience, not this test's
+        summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, reconnect=6,
+                                           warn=notes.append))
     finally:
         t.join(60)
         for srv in (first, second):

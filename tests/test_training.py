@@ -262,6 +262,61 @@ def test_delta_curriculum_trains_gma_with_the_scheduled_window(word_tok, tmp_pat
     assert not torch.isclose(narrow, wide)
 
 
+def test_delta_sample_draws_per_sentence_and_validates():
+    """delta_sample: one δ per sentence, uniform over the list (a repeated value weighs more), the
+    same draws for the same (seed, update) so a resumed run repeats them; bad lists are clear errors."""
+    from models.errors import UserError
+    from models.training.train import check_delta_sample, sample_delta
+    draws = [d for step in range(400) for d in sample_delta(7, step, 8, [0.5, 1, 1, 2])]
+    share = {d: draws.count(d) / len(draws) for d in (0.5, 1.0, 2.0)}
+    assert set(draws) == {0.5, 1.0, 2.0}
+    assert share[1.0] == pytest.approx(0.5, abs=0.04) and share[0.5] == pytest.approx(0.25, abs=0.04)
+    assert sample_delta(7, 3, 8, [0.5, 2]) == sample_delta(7, 3, 8, [0.5, 2])
+    assert sample_delta(7, 3, 8, [0.5, 2]) != sample_delta(7, 4, 8, [0.5, 2])
+    check_delta_sample(None, None, "waitk")
+    with pytest.raises(UserError, match="GMA"):
+        check_delta_sample([1.0], None, "waitk")
+    with pytest.raises(UserError, match="combined"):
+        check_delta_sample([1.0], [4.0, 10], "gma")
+    for bad in ([], [0.0], [1.0, -2], "1", [True]):
+        with pytest.raises(UserError, match="delta_sample"):
+            check_delta_sample(bad, None, "gma")
+
+
+def test_per_sentence_delta_batched_equals_one_sentence_at_a_time(word_tok, tmp_path):
+    """A batch trained with one δ per sentence has exactly the loss of its sentences taken one at a
+    time, each with its own δ (so padding and the batch never mix the windows), and the δs matter."""
+    from models.training.data_loading import collate
+    from models.training.train import batch_loss
+    trainer, _ = run(word_tok, tmp_path / "gma", "gma", max_steps=4, max_epochs=10)
+    model = trainer.model.eval()
+    cfg = model.cfg
+    idx = list(range(6))
+    deltas = [0.5, 1.0, 2.0, 4.0, 1.0, 0.5]
+    with torch.no_grad():
+        batched, ntok = batch_loss(model, collate(trainer.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, "cpu"),
+                                   cfg, None, 0.0, deltas)
+        single = [batch_loss(model, collate(trainer.train_ex, [i], cfg.pad_id, cfg.bos_id, cfg.eos_id, "cpu"),
+                             cfg, None, 0.0, [d]) for i, d in zip(idx, deltas)]
+        same, _ = batch_loss(model, collate(trainer.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, "cpu"),
+                             cfg, None, 0.0, 1.0)
+    assert ntok == sum(n for _, n in single)
+    assert batched == pytest.approx(sum(float(l) for l, _ in single), rel=1e-5)
+    assert not torch.isclose(batched, same)
+
+
+def test_delta_sample_trains_and_resumes_identically(word_tok, tmp_path):
+    """A run with delta_sample stopped and resumed ends on the same weights as one run straight through."""
+    run(word_tok, tmp_path / "straight", "gma", max_steps=6, max_epochs=10, delta_sample=[0.5, 3.0])
+    run(word_tok, tmp_path / "resumed", "gma", max_steps=3, max_epochs=10, delta_sample=[0.5, 3.0])
+    run(word_tok, tmp_path / "resumed", "gma", max_steps=6, max_epochs=10, delta_sample=[0.5, 3.0])
+    run(word_tok, tmp_path / "plain", "gma", max_steps=6, max_epochs=10)
+    a, b, c = (load_file(str(tmp_path / d / "train_state" / "model.safetensors")) for d in ("straight", "resumed", "plain"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a[n], c[n]) for n in a)
+
+
 def test_recipe_gpu_section_applies_only_on_a_gpu(tmp_path):
     """A recipe's `gpu:` settings are used when the run trains on a GPU (auto with CUDA, or cuda asked
     for), never on the CPU; the command line wins over both; a bad section is a clear error."""

@@ -58,6 +58,9 @@ class TrainConfig:
     # GMA δ curriculum [δ_start, N]: train with a wider window first, δ_start -> the model's default_delta
     # linearly over this run's first N updates (issue 13); None: the model's δ throughout
     delta_curriculum: list | None = None
+    # GMA: each training sentence's δ drawn from this list (repeat a value to weight it), so one model
+    # stays good at every δ the server offers; None: the model's δ (or the curriculum's) throughout
+    delta_sample: list | None = None
     threads: int | None = None
     device: str = "auto"
     extra: dict = field(default_factory=dict)
@@ -140,14 +143,37 @@ def check_delta_curriculum(curriculum, attention: str) -> None:
         raise UserError(f"delta_curriculum must be [δ_start > 0, updates >= 1], got {curriculum!r}")
 
 
-def train_delta(cfg: ModelConfig, b: int, device, delta: float | None) -> torch.Tensor | None:
-    """The (b,) δ of a GMA training batch: `delta` (a curriculum's) or the model's default."""
+def check_delta_sample(choices, curriculum, attention: str) -> None:
+    if choices is None:
+        return
+    if attention != "gma":
+        raise UserError(f"delta_sample is for GMA models; this recipe trains {attention!r} attention")
+    if curriculum is not None:
+        raise UserError("delta_sample and delta_curriculum cannot be combined: pick one δ schedule")
+    ok = isinstance(choices, (list, tuple)) and choices and all(
+        isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0 for d in choices)
+    if not ok:
+        raise UserError(f"delta_sample must be a non-empty list of δ > 0, got {choices!r}")
+
+
+def sample_delta(seed: int, step: int, b: int, choices: list) -> list[float]:
+    """One δ per sentence of update `step`, uniform over `choices`; derived from (seed, step) like
+    sample_k, so a resumed run draws the same δs."""
+    rng = random.Random(seed * 1_000_033 + step)
+    return [float(rng.choice(choices)) for _ in range(b)]
+
+
+def train_delta(cfg: ModelConfig, b: int, device, delta) -> torch.Tensor | None:
+    """The (b,) δ of a GMA training batch: `delta` (a curriculum's value or one δ per sentence) or
+    the model's default."""
     if cfg.attention != "gma":
         return None
+    if isinstance(delta, (list, tuple)):
+        return torch.tensor(delta, dtype=torch.float32, device=device)
     return torch.full((b,), float(cfg.default_delta if delta is None else delta), device=device)
 
 
-def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta: float | None = None):
+def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta=None):
     src, src_len, tgt_in, tgt_out = batch
     b = src.shape[0]
     kk = torch.full((b,), k, device=src.device) if k is not None else None
@@ -164,8 +190,7 @@ def is_mask_parameter(name: str) -> bool:
     return ".calib.q_m." in name or ".calib.k_m." in name
 
 
-def calibration_losses(model, batch, cfg: ModelConfig, k: int | None, smoothing: float,
-                       delta: float | None = None):
+def calibration_losses(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta=None):
     """Attention calibration (Lu et al. 2021), both passes of one batch.
 
     Pass A (a^comb): L_NMT, the summed label-smoothed CE. Pass B (a^p, the attention
@@ -235,6 +260,7 @@ class Trainer:
                     **self.tok.special_ids)
         self.cfg = ModelConfig.from_dict(mcfg)
         check_delta_curriculum(tc.delta_curriculum, self.cfg.attention)
+        check_delta_sample(tc.delta_sample, tc.delta_curriculum, self.cfg.attention)
         if train_pairs is None:
             train_pairs = read_parallel(data / "train", tc.src_lang, tc.tgt_lang)
             valid_pairs = read_parallel(data / "valid", tc.src_lang, tc.tgt_lang)
@@ -366,6 +392,8 @@ class Trainer:
                         g["lr"] = lr
                     set_update_step(self.model, self.step - 1)  # γ(s) of calibration's anneal: s = updates done
                     delta = curriculum_delta(self.step - 1, tc.delta_curriculum, cfg.default_delta)
+                    if tc.delta_sample:
+                        delta = sample_delta(tc.seed, self.step, batch[0].shape[0], tc.delta_sample)
                     calibrating = cfg.variant.kind == "calibration"
                     with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                         if calibrating:
