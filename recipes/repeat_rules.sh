@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Repeats anywhere in a sentence (issue 28, part 2): GMA δ = 1 with the no-stutter default plus
+# Repeats anywhere in a sentence (issue 28, part 2): GMA δ = 1 with the no-stutter rule (N = 12) plus
 # --no-repeat-ngram N for N = 4, 6, 8, on all six sets, against the no-stutter runs of recipes/no_stutter.sh
 # (run that first: its RUNS/gma_12 is the stutter-only baseline, RUNS/gma_0 the model without any rule).
 #
@@ -15,12 +15,13 @@ PY="${PY:-.venv/bin/python}"
 C=(--data "${DATA:-data/de-en-everyday}" --sets everyday,unseen,dialogue,bible,ddtp,libreoffice --batch-size 32
    --threads 1 --quiet)
 for n in 4 6 8; do
-  "$S" evaluate -m gma_delta1 --label "GMA, trained δ=1" --delta 1 "${C[@]}" --no-repeat-ngram "$n" -o "$RUNS/gma_12_nr$n"
+  "$S" evaluate -m gma_delta1 --label "GMA, trained δ=1" --delta 1 "${C[@]}" --no-stutter 12 --no-repeat-ngram "$n" \
+    -o "$RUNS/gma_12_nr$n"
 done
 mkdir -p "$OUT"
 {
   for n in 4 6 8; do
-    echo "### --no-repeat-ngram $n on top of the no-stutter default (before: no-stutter alone)"
+    echo "### --no-repeat-ngram $n on top of the no-stutter rule (before: no-stutter alone)"
     echo
     "$PY" recipes/decoding_table.py "$RUNS/gma_12" "$RUNS/gma_12_nr$n"
     echo
