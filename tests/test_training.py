@@ -273,6 +273,8 @@ def test_delta_sample_draws_per_sentence_and_validates():
     assert share[1.0] == pytest.approx(0.5, abs=0.04) and share[0.5] == pytest.approx(0.25, abs=0.04)
     assert sample_delta(7, 3, 8, [0.5, 2]) == sample_delta(7, 3, 8, [0.5, 2])
     assert sample_delta(7, 3, 8, [0.5, 2]) != sample_delta(7, 4, 8, [0.5, 2])
+    assert sample_delta(7, 3, 8, [0.5, 2], rank=0) == sample_delta(7, 3, 8, [0.5, 2])
+    assert sample_delta(7, 3, 16, [0.5, 2], rank=1) != sample_delta(7, 3, 16, [0.5, 2], rank=0)  # own draws
     check_delta_sample(None, None, "waitk")
     with pytest.raises(UserError, match="GMA"):
         check_delta_sample([1.0], None, "waitk")

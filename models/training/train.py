@@ -156,10 +156,11 @@ def check_delta_sample(choices, curriculum, attention: str) -> None:
         raise UserError(f"delta_sample must be a non-empty list of δ > 0, got {choices!r}")
 
 
-def sample_delta(seed: int, step: int, b: int, choices: list) -> list[float]:
+def sample_delta(seed: int, step: int, b: int, choices: list, rank: int = 0) -> list[float]:
     """One δ per sentence of update `step`, uniform over `choices`; derived from (seed, step) like
-    sample_k, so a resumed run draws the same δs."""
-    rng = random.Random(seed * 1_000_033 + step)
+    sample_k, so a resumed run draws the same δs, and from the process's rank, so that the processes of
+    a multi-GPU run draw their own (rank 0 draws what a single process does)."""
+    rng = random.Random(seed * 1_000_033 + step + rank * 7_919_993)
     return [float(rng.choice(choices)) for _ in range(b)]
 
 
@@ -393,7 +394,7 @@ class Trainer:
                     set_update_step(self.model, self.step - 1)  # γ(s) of calibration's anneal: s = updates done
                     delta = curriculum_delta(self.step - 1, tc.delta_curriculum, cfg.default_delta)
                     if tc.delta_sample:
-                        delta = sample_delta(tc.seed, self.step, batch[0].shape[0], tc.delta_sample)
+                        delta = sample_delta(tc.seed, self.step, batch[0].shape[0], tc.delta_sample, self.rank)
                     calibrating = cfg.variant.kind == "calibration"
                     with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                         if calibrating:
