@@ -19,4 +19,4 @@ for eos in read write; do
 done
 mkdir -p "$OUT"
 "${PY:-.venv/bin/python}" recipes/decoding_table.py "$RUNS/waitk_read,$RUNS/gma_read" "$RUNS/waitk_write" \
-  "$RUNS/gma_write" > "$OUT/early_eos6.md"
+  "$RUNS/gma_write" > "$OUT/early_eos8.md"
