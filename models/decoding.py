@@ -6,7 +6,8 @@ Three rules, each applied in `StreamingDecoder._decode` (so identically for the 
   sentence's translation already contains; small models repeat phrases ("at eight o'clock at eight
   o'clock"), and this removes the exact repeats.
 - `no_stutter = n` (0: off): a WRITE never makes the translation end with the same run of m <= n
-  subwords twice in a row ("a drink drink", "very very very", "full power full power"). The models'
+  subwords twice in a row ("a drink drink", "very very very", "full power full power"), where the run
+  begins a word and the source read so far does not repeat itself (`StutterContext`). The models'
   most visible error; unlike `no_repeat_ngram` it leaves a phrase that comes back later alone.
   None (the default) takes the policy's own default, `NO_STUTTER_DEFAULT`.
 - `early_eos`: what a simultaneous model's EOS means while the source has not ended. "read" (the
@@ -66,19 +67,47 @@ def banned_tokens(target: list[int], n: int) -> list[int]:
     return sorted({target[i + n - 1] for i in range(len(target) - n + 1) if target[i:i + n - 1] == prefix})
 
 
-def stutter_tokens(target: list[int], n: int) -> list[int]:
+def stutter_tokens(target: list[int], n: int, context: StutterContext | None = None) -> list[int]:
     """The tokens that would make `target` end with a run of m <= n tokens written twice in a row:
-    for each m, the token m places back, if the m-1 tokens before it match the last m-1."""
+    for each m, the token m places back, if the m-1 tokens before it match the last m-1. With a
+    `context` (what the step passes), only runs that `context.counts`."""
     end = len(target)
     return sorted({target[end - m] for m in range(1, n + 1)
-                   if end >= 2 * m - 1 and target[end - m + 1:] == target[end - 2 * m + 1:end - m]})
+                   if end >= 2 * m - 1 and target[end - m + 1:] == target[end - 2 * m + 1:end - m]
+                   and (context is None or context.counts(target[end - 2 * m + 1:end - m + 1]))})
 
 
-def all_bans(target: list[int], options: DecodingOptions) -> list[int]:
+@dataclass(frozen=True)
+class StutterContext:
+    """What the no-stutter rule sees besides the target. A repeated run counts as a stutter only if
+    it begins a word (pieces repeated inside a word, "Kanon|en|en", are a spelling slip, and banning
+    the piece made other misspellings) and the source read so far does not repeat itself: neither the
+    run's own text twice ("M-I-L-L-E-R", "HAHAHA", "Hmm" copied from the source) nor any word twice in a
+    row ("Warum, warum" -> "Why, why"). Each exception removed a measured false ban (docs/results.md)."""
+    word_start: list[bool]    # per piece id: it begins a word
+    piece_text: list[str]     # per piece id: its text, squeezed (models/tokenizer.py)
+    source: str               # the source read so far, squeezed
+    source_repeats: bool      # the source read so far has a word twice in a row
+
+    def counts(self, run: list[int]) -> bool:
+        if not self.word_start[run[0]] or self.source_repeats:
+            return False
+        text = "".join(self.piece_text[t] for t in run)
+        return not (text and text * 2 in self.source)
+
+
+def stutter_context(tok, source_tokens: list[int], source_words: list[str]) -> StutterContext:
+    """The context of a stream that has read `source_words` (encoded as `source_tokens`) under `tok`."""
+    words = ["".join(ch for ch in w.lower() if ch.isalnum()) for w in source_words]
+    return StutterContext(tok.word_start, tok.piece_text, "".join(tok.piece_text[t] for t in source_tokens),
+                          any(a and a == b for a, b in zip(words, words[1:])))
+
+
+def all_bans(target: list[int], options: DecodingOptions, context: StutterContext | None = None) -> list[int]:
     """Every token the options forbid a WRITE to choose after `target`."""
     bans = set(banned_tokens(target, options.no_repeat_ngram)) if options.no_repeat_ngram else set()
     if options.no_stutter:
-        bans.update(stutter_tokens(target, options.no_stutter))
+        bans.update(stutter_tokens(target, options.no_stutter, context))
     return sorted(bans)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
-from models.decoding import DecodingOptions, all_bans
+from models.decoding import DecodingOptions, StutterContext, all_bans, stutter_context
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
@@ -292,6 +292,12 @@ class StreamingDecoder:
         for s in todo:
             s.n_encoded = s.available
 
+    def stutter_context(self, state: StreamState) -> StutterContext | None:
+        """What the no-stutter rule sees of this stream besides its target: the source read so far."""
+        if not self.options.no_stutter:
+            return None
+        return stutter_context(self.tok, state.source_tokens, state.source_words)
+
     def _plan_decode(self, states: list[StreamState], upload: Upload) -> tuple[int, int]:
         bos = self.cfg.bos_id
         rows = [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
@@ -304,7 +310,8 @@ class StreamingDecoder:
         upload.add("dec_rows", rows, (len(rows), 5))
         if self.options.no_repeat_ngram or self.options.no_stutter:
             # (row, token) pairs a WRITE may not choose: they would repeat or stutter the row's target
-            bans = [[r, tok] for r, s in enumerate(states) for tok in all_bans(s.target_tokens, self.options)]
+            bans = [[r, tok] for r, s in enumerate(states)
+                    for tok in all_bans(s.target_tokens, self.options, self.stutter_context(s))]
             upload.add("bans", bans, (len(bans), 2))
         # the cache lengths the decoder gathers: the longest target and source of the batch
         return self.bucket(max(r[1] for r in rows)), self.bucket(max(r[3] for r in rows))

@@ -15,6 +15,12 @@ import sentencepiece as spm
 WORD_START = "\u2581"  # ▁
 
 
+def squeeze(text: str) -> str:
+    """Text as the no-stutter rule compares it (models/decoding.py): lower case, no whitespace, no
+    word-start marks."""
+    return "".join(text.replace(WORD_START, " ").lower().split())
+
+
 class Tokenizer:
     def __init__(self, model: str | Path | bytes):
         self.sp = spm.SentencePieceProcessor()
@@ -28,6 +34,8 @@ class Tokenizer:
         self.word_start = [self.sp.id_to_piece(i).startswith(WORD_START) or self.sp.is_control(i)
                            or self.sp.is_unknown(i) for i in range(n)]
         self.unk_id = self.sp.unk_id()
+        # each piece's text as the no-stutter rule compares it (models/decoding.py: squeeze)
+        self.piece_text = ["" if self.sp.is_control(i) else squeeze(self.sp.id_to_piece(i)) for i in range(n)]
 
     @property
     def vocab_size(self) -> int:

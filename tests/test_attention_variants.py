@@ -367,7 +367,7 @@ def test_streaming_equals_full_computation_and_batching(name, policy, word_tok):
     for state in states:
         logits, info = teacher_forced(dec, state)
         if dec._max_target_len(state) > len(state.target_tokens) - 1:
-            assert chosen_tokens(dec, logits[0], state.target_tokens)[:-1] == state.target_tokens[:-1], (name, policy)
+            assert chosen_tokens(dec, logits[0], state)[:-1] == state.target_tokens[:-1], (name, policy)
         for i, rec in enumerate(state.record):
             for layer in range(dec.cfg.decoder_layers):
                 assert rec["n"][layer] == int(info["n"][layer][0, i])

@@ -8,12 +8,12 @@ import json
 
 import pytest
 from conftest import POLICIES, random_decoder
-from test_streaming_equivalence import SENTENCES, chosen_tokens, teacher_forced
+from test_streaming_equivalence import SENTENCES, chosen_tokens, context_at, teacher_forced
 
 from models import decoding
 from models.checkpoint import load_checkpoint
 from models.decoding import (NO_STUTTER_DEFAULT, DecodingError, DecodingOptions, all_bans, banned_tokens,
-                             stutter_tokens)
+                             stutter_context, stutter_tokens)
 from models.data.synthetic import make_pairs
 from models.step import StreamingDecoder
 from models.translate import simulate
@@ -51,6 +51,34 @@ def stutters(tokens, n):
     """Whether `tokens` holds a run of m <= n tokens twice in a row."""
     return any(tokens[i:i + m] == tokens[i + m:i + 2 * m] for m in range(1, n + 1)
                for i in range(len(tokens) - 2 * m + 1))
+
+
+def counted_stutters(dec, state) -> int:
+    """How many of the stream's tokens the no-stutter rule of `dec` (n = dec.options.no_stutter)
+    would have banned where they were written, with the source read then."""
+    t = state.target_tokens
+    return sum(t[i] in stutter_tokens(t[:i], dec.options.no_stutter, context_at(dec, state, i))
+               for i in range(len(t)))
+
+
+def test_stutter_context_exceptions(piece_tok):
+    """A run counts only where it begins a word and the source read so far does not repeat itself."""
+    tok = piece_tok
+    starts = [i for i in range(tok.vocab_size) if tok.word_start[i] and tok.piece_text[i] and i != tok.unk_id]
+    inner = [i for i in range(tok.vocab_size) if not tok.word_start[i] and tok.piece_text[i]]
+    a, b, x = starts[0], starts[1], inner[0]
+    plain = stutter_context(tok, [], [])
+    assert stutter_tokens([b, a], 1, plain) == [a] and stutter_tokens([b, a], 1) == [a]
+    assert stutter_tokens([a, x], 1, plain) == []            # a piece repeated inside a word
+    assert stutter_tokens([a, x], 1) == [x]                  # (counted without a context)
+    assert stutter_tokens([a, x, a], 2, plain) == sorted([a, x])   # "a a", and the run "a x" begins a word
+    assert stutter_tokens([x, a, x], 2, plain) == []        # "x x" and "x a x a": runs inside a word
+    twice = tok.piece_text[a] * 2                            # the source holds the run's text twice
+    src = tok.encode(twice)
+    assert stutter_tokens([b, a], 1, stutter_context(tok, src, [twice])) == []
+    assert stutter_tokens([b, a], 1, stutter_context(tok, tok.encode("zz yy"), ["zz", "yy"])) == [a]
+    assert stutter_tokens([b, a], 1, stutter_context(tok, tok.encode("zz, Zz!"), ["zz,", "Zz!"])) == []
+    assert not stutter_context(tok, [], ["!", "!"]).source_repeats   # only words with letters or digits
 
 
 def test_stutter_tokens():
@@ -94,8 +122,11 @@ def test_no_stutter_is_written_and_streams_stay_exact(policy, word_tok):
     dec = with_options(plain, no_stutter=3)
     before = tokens_of(plain, LONGER, batch_size=4)
     after = tokens_of(dec, LONGER, batch_size=4)
-    assert any(stutters(t, 3) for t, _ in before)
-    assert not any(stutters(t, 3) for t, _ in after)
+    _, plain_states = simulate(plain, LONGER, record=True, batch_size=4)
+    _, states = simulate(dec, LONGER, record=True, batch_size=4)
+    assert sum(counted_stutters(dec, s) for s in plain_states) > 0   # judged by dec's rule
+    assert sum(counted_stutters(dec, s) for s in states) == 0
+    assert before != after
     alone = [tokens_of(dec, [s], batch_size=1)[0] for s in LONGER]
     whole = tokens_of(dec, LONGER, whole_sentence=True, batch_size=5)
     assert alone == after == whole
@@ -131,7 +162,7 @@ def test_the_rule_equals_full_computation_with_the_same_bans(policy, options, tr
     _, states = simulate(dec, SENTENCES + LONGER[:4], record=True, batch_size=4)
     for state in states:
         logits, _ = teacher_forced(dec, state)
-        chosen = chosen_tokens(dec, logits[0], state.target_tokens)
+        chosen = chosen_tokens(dec, logits[0], state)
         if dec._max_target_len(state) > len(state.target_tokens) - 1:
             assert chosen[:-1] == state.target_tokens[:-1]
 

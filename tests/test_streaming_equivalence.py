@@ -8,7 +8,7 @@ import torch
 from conftest import POLICIES, random_decoder
 
 from models.data.synthetic import make_pairs
-from models.decoding import DecodingOptions, all_bans
+from models.decoding import DecodingOptions, all_bans, stutter_context
 from models.step import StreamingDecoder
 from models.translate import simulate
 
@@ -56,12 +56,27 @@ def test_streaming_equals_teacher_forced(policy, source, trained_decoders, word_
     assert_streams_are_the_full_computation(dec, dec, states, policy)
 
 
-def chosen_tokens(dec, logits, target) -> list[int]:
+def context_at(dec, state, i):
+    """The no-stutter rule's context when `state` wrote target token i: the source words it had read
+    then (token_delays counts subwords, plus 1 once the source ended; words are read whole)."""
+    if not dec.options.no_stutter:
+        return None
+    read = min(state.token_delays[i], len(state.source_tokens))
+    words, n = [], 0
+    for w in state.source_words:
+        n += len(dec.tok.encode_word(w))
+        if n > read:
+            break
+        words.append(w)
+    return stutter_context(dec.tok, state.source_tokens[:read], words)
+
+
+def chosen_tokens(dec, logits, state) -> list[int]:
     """The token each teacher-forced position picks under `dec`'s decoding options: the argmax over
-    the tokens those options allow after the target before it."""
-    logits = logits.clone()
+    the tokens those options allow after the target before it (and the source read then)."""
+    logits, target = logits.clone(), state.target_tokens
     for i in range(len(logits)):
-        logits[i, all_bans(target[:i], dec.options)] = float("-inf")
+        logits[i, all_bans(target[:i], dec.options, context_at(dec, state, i))] = float("-inf")
     return logits.argmax(-1).tolist()
 
 
@@ -71,7 +86,7 @@ def assert_streams_are_the_full_computation(dec, full, states, policy, attention
     for state in states:
         logits, info = teacher_forced(full, state)
         if dec._max_target_len(state) > len(state.target_tokens) - 1:  # not cut by the length cap
-            assert chosen_tokens(dec, logits[0], state.target_tokens)[:-1] == state.target_tokens[:-1]
+            assert chosen_tokens(dec, logits[0], state)[:-1] == state.target_tokens[:-1]
         for i, rec in enumerate(state.record):
             for layer in range(dec.cfg.decoder_layers):
                 assert rec["n"][layer] == int(info["n"][layer][0, i]), (policy, i, layer)

@@ -11,7 +11,7 @@ import pytest
 
 from agents.evaluate import data_dir_sets
 from clients.cli import main
-from models.data import Pair, naev, prepare, tuxpaint
+from models.data import Pair, naev, prepare, tuxpaint, widelands
 from models.data.gettext_mo import write_mo
 from models.data.normalize import is_sentence_pair
 from models.errors import UserError
@@ -151,6 +151,53 @@ def test_test_only_sources_are_default_sources_outside_training():
     from models.data.cli import DEFAULT_SOURCES
     assert set(prepare.TEST_ONLY) == {"naev", "tuxpaint"} <= set(DEFAULT_SOURCES)
     assert prepare.source_order(["naev", "scummvm", "bible", "tuxpaint"]) == ["bible", "scummvm", "naev", "tuxpaint"]
+    assert prepare.source_order(["widelands", "naev", "bible"]) == ["bible", "naev", "widelands"]
+    assert "widelands" not in DEFAULT_SOURCES     # train only, asked for by name
+
+
+# --- a train-only source (Widelands) adds training pairs and changes no evaluation set -----------
+WIDELANDS_ENTRIES = [
+    ("Click on the building’s button…", "Klicke auf die Schaltfläche des Gebäudes …"),
+    ("We know this island. I feel at home here.", "Wir kennen diese Insel. Ich fühle mich hier zu Hause."),
+    ("%1% wares are missing", "%1% Waren fehlen"),                                    # placeholder
+    ("Can you help me, please?", "Kannst du mir bitte helfen?"),                       # an unseen sentence
+]
+
+
+def test_widelands_reads_every_catalog_with_its_domain(tmp_path):
+    root = catalog_root(tmp_path, widelands.LOCALE + "/scenario_atl01.wmf.mo", WIDELANDS_ENTRIES[:3])
+    write_mo(root / widelands.LOCALE / "tribes.mo", [("A ship is being built here.", "Hier wird ein Schiff gebaut.")])
+    pairs = widelands.read_pairs(root)
+    assert [(p.de, p.en, p.group) for p in pairs] == [
+        ("Klicke auf die Schaltfläche des Gebäudes …", "Click on the building’s button…", "scenario_atl01"),
+        ("Wir kennen diese Insel.", "We know this island.", "scenario_atl01"),     # split into sentences
+        ("Ich fühle mich hier zu Hause.", "I feel at home here.", "scenario_atl01"),
+        ("Hier wird ein Schiff gebaut.", "A ship is being built here.", "tribes")]
+    with pytest.raises(ValueError, match="no German Widelands catalogs"):
+        widelands.read_pairs(tmp_path / "empty")
+    assert widelands.wanted(widelands.LOCALE + "/maps.mo") and not widelands.wanted(widelands.LOCALE + "/x.png")
+
+
+def test_train_only_source_changes_no_evaluation_file(tmp_path):
+    held = build(tmp_path / "ref", {"bible": TRAIN})
+    valid_de = lines(tmp_path / "ref" / "valid.de")[0]
+    extra = [Pair("Das ist ein ganz neuer Satz %d." % i, "This is a brand new sentence %d." % i, "scenario_x")
+             for i in range(6)]
+    extra += [Pair(valid_de, "a valid sentence again", "tribes"),                          # in valid: dropped
+              Pair("Kannst du mir bitte helfen?", "Would you help me?", "tribes"),       # in unseen: dropped
+              Pair("Klicke, um das Bild zu drehen.", "Click to rotate the picture.", "texts")]  # exact unseen pair
+    corpus = {"bible": TRAIN, "naev": UNSEEN[:3], "tuxpaint": UNSEEN[3:]}
+    without = build(tmp_path / "a", corpus)
+    with_it = build(tmp_path / "b", {**corpus, "widelands": extra})
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert set(with_it["files"]) - set(without["files"]) == {"train.widelands.de", "train.widelands.en"}
+    for name in without["files"]:
+        if name not in ("train.de", "train.en"):
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert with_it["counts"]["widelands"] == {"train": 6, "valid": 0, "test": 0}
+    assert lines(b / "train.widelands.de") == [p.de for p in extra[:6]]
+    assert sorted(lines(b / "train.de")) == sorted(lines(a / "train.de") + [p.de for p in extra[:6]])
+    assert held["counts"]["bible"] == without["counts"]["bible"]
 
 
 # --- recipes/near_duplicates.py -----------------------------------------------------------------
@@ -210,3 +257,22 @@ def test_per_source_table_cuts_the_unseen_set_by_the_manifest(tmp_path):
     assert parts["tuxpaint"][1] == ["r3"]
     with pytest.raises(SystemExit, match="tuxpaint"):
         table.split_by_source(results[:3] + results[:1], ["r"] * 4, tmp_path, "unseen")
+
+
+def test_command_reads_widelands_from_its_package(tmp_path):
+    d = tmp_path / "downloads"
+    (d / "pip").mkdir(parents=True)
+    (d / "deb").mkdir()
+    make_auf_deutsch_wheel(d / "pip" / "auf_deutsch-0.1.1-py3-none-any.whl")
+    make_deb(d / "deb" / "widelands-data_2%3a1.1-3_all.deb", {
+        widelands.LOCALE + "/scenario_atl01.wmf.mo": mo_bytes(tmp_path / "w.mo", WIDELANDS_ENTRIES),
+        "usr/share/games/widelands/data/images/big.png": b"\x89PNG" + b"0" * 100,     # not unpacked
+        "usr/share/doc/widelands-data/copyright": COPYRIGHT})
+    out = tmp_path / "out"
+    assert main(["prepare-data", "--sources", "auf-deutsch,widelands", "--out", str(out),
+                 "--download-dir", str(d), "--vocab-from", str(SPM), "--eval-size", "3"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["packages"]["widelands-data"] == {"version": "2:1.1-3", "licence": "GPL-2+, CC0-1.0"}
+    assert manifest["counts"]["widelands"] == {"train": 4, "valid": 0, "test": 0}   # 3 entries, one split in two
+    assert not (d / "widelands" / "usr/share/games/widelands/data/images").exists()
+    assert set(lines(out / "train.widelands.de")) <= set(lines(out / "train.de"))

@@ -35,13 +35,18 @@ TEST_ONLY = EVAL_SETS["unseen"]
 # deduplicated and held out after all the others (see `source_order`), so adding
 # them removes pairs from no older source's valid or test set, only from train.
 LATE_SOURCES = ("openclonk", "scummvm")
+# Train-only sources: every pair goes to train (no valid/test of their own). They
+# come after everything, the test-only sources included, and lose each pair whose
+# German (`leak_key`) is in any valid or test set, so adding them changes no
+# evaluation file and takes no pair from the unseen set.
+TRAIN_ONLY = ("widelands",)
 
 
 def source_order(sources) -> list[str]:
     """Sorted names, the late sources last: the order in which sources claim
     pairs (the cross-source duplicate filter keeps a pair in the first source,
     and a German sentence held out for an earlier source leaves a later one)."""
-    return sorted(sources, key=lambda s: (s in TEST_ONLY, s in LATE_SOURCES, s))
+    return sorted(sources, key=lambda s: (s in TRAIN_ONLY, s in TEST_ONLY, s in LATE_SOURCES, s))
 
 
 def filter_pairs(pairs: list[Pair], seen: set[tuple[str, str]]) -> tuple[list[Pair], Counter]:
@@ -99,6 +104,9 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
     for source in source_order(corpus):
         if source in TEST_ONLY:
             continue
+        if source in TRAIN_ONLY:
+            out["train"][source] = list(corpus[source])
+            continue
         rng = random.Random("%d:%s" % (seed, source))
         assign = assign_groups(corpus[source], rng, eval_size)
         for split in SPLITS:
@@ -107,7 +115,7 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
     held: set[str] = set()
     # older sources first (test, then valid), then the late ones: what the older
     # sets held out before a late source existed stays exactly as it was
-    order = [s for s in source_order(corpus) if s not in TEST_ONLY]
+    order = [s for s in source_order(corpus) if s not in TEST_ONLY and s not in TRAIN_ONLY]
     tiers = [[s for s in order if s not in LATE_SOURCES], [s for s in order if s in LATE_SOURCES]]
     for tier, split in ((t, s) for t in tiers for s in ("test", "valid")):
         for source in tier:
@@ -121,7 +129,7 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
             out[split][source] = unique
     for source, pairs in out["train"].items():
         out["train"][source] = [p for p in pairs if leak_key(p.de) not in held]
-    held |= {leak_key(p.de) for pairs in out["train"].values() for p in pairs}
+    held |= {leak_key(p.de) for source, pairs in out["train"].items() if source not in TRAIN_ONLY for p in pairs}
     for source in (s for s in source_order(corpus) if s in TEST_ONLY):
         out["test"][source] = unique = []
         for p in corpus[source]:
@@ -129,6 +137,9 @@ def split_corpus(corpus: dict[str, list[Pair]], seed: int, eval_size: int
             if p.eval_ok and key not in held:
                 held.add(key)
                 unique.append(p)
+    unseen = {leak_key(p.de) for source in TEST_ONLY for p in out["test"].get(source, [])}
+    for source in (s for s in out["train"] if s in TRAIN_ONLY):
+        out["train"][source] = [p for p in out["train"][source] if leak_key(p.de) not in unseen]
     return out
 
 
