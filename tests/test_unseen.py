@@ -124,11 +124,18 @@ def test_test_only_pair_in_another_sources_valid_set_is_dropped(tmp_path):
     assert lines(tmp_path / "again" / "test.unseen.de") == [UNSEEN[0].de] and again["counts"]["naev"]["test"] == 1
 
 
-def test_command_reads_the_catalogs_from_their_packages(tmp_path):
+def downloads_with_auf_deutsch(tmp_path: Path) -> Path:
+    """A download folder as prepare-data fills it, holding auf-deutsch's wheel (the valid/test sets
+    come from it) and an empty deb/ for the game packages."""
     d = tmp_path / "downloads"
     (d / "pip").mkdir(parents=True)
     (d / "deb").mkdir()
     make_auf_deutsch_wheel(d / "pip" / "auf_deutsch-0.1.1-py3-none-any.whl")
+    return d
+
+
+def test_command_reads_the_catalogs_from_their_packages(tmp_path):
+    d = downloads_with_auf_deutsch(tmp_path)
     make_deb(d / "deb" / "naev-data_0.8.2-1_all.deb", {
         naev.CATALOG: mo_bytes(tmp_path / "n.mo", NAEV_ENTRIES),
         "usr/share/naev/dat/gfx/big.png": b"\x89PNG" + b"0" * 100,      # not unpacked
@@ -260,10 +267,7 @@ def test_per_source_table_cuts_the_unseen_set_by_the_manifest(tmp_path):
 
 
 def test_command_reads_widelands_from_its_package(tmp_path):
-    d = tmp_path / "downloads"
-    (d / "pip").mkdir(parents=True)
-    (d / "deb").mkdir()
-    make_auf_deutsch_wheel(d / "pip" / "auf_deutsch-0.1.1-py3-none-any.whl")
+    d = downloads_with_auf_deutsch(tmp_path)
     make_deb(d / "deb" / "widelands-data_2%3a1.1-3_all.deb", {
         widelands.LOCALE + "/scenario_atl01.wmf.mo": mo_bytes(tmp_path / "w.mo", WIDELANDS_ENTRIES),
         "usr/share/games/widelands/data/images/big.png": b"\x89PNG" + b"0" * 100,     # not unpacked
