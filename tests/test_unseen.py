@@ -134,6 +134,13 @@ def downloads_with_auf_deutsch(tmp_path: Path) -> Path:
     return d
 
 
+def prepare_from(downloads: Path, sources: str, out: Path) -> dict:
+    """`prepare-data` over a filled download folder; its manifest."""
+    assert main(["prepare-data", "--sources", sources, "--out", str(out), "--download-dir", str(downloads),
+                 "--vocab-from", str(SPM), "--eval-size", "3"]) == 0
+    return json.loads((out / "manifest.json").read_text())
+
+
 def test_command_reads_the_catalogs_from_their_packages(tmp_path):
     d = downloads_with_auf_deutsch(tmp_path)
     make_deb(d / "deb" / "naev-data_0.8.2-1_all.deb", {
@@ -144,9 +151,7 @@ def test_command_reads_the_catalogs_from_their_packages(tmp_path):
         tuxpaint.CATALOG: mo_bytes(tmp_path / "t.mo", TUXPAINT_ENTRIES),
         "usr/share/doc/tuxpaint-data/copyright": COPYRIGHT})
     out = tmp_path / "out"
-    assert main(["prepare-data", "--sources", "auf-deutsch,naev,tuxpaint", "--out", str(out),
-                 "--download-dir", str(d), "--vocab-from", str(SPM), "--eval-size", "3"]) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = prepare_from(d, "auf-deutsch,naev,tuxpaint", out)
     assert manifest["packages"]["naev-data"] == {"version": "0.8.2-1", "licence": "GPL-2+, CC0-1.0"}
     assert manifest["packages"]["tuxpaint-data"]["version"] == "1:0.9.28-sdl2-1"
     assert not (d / "naev" / "usr/share/naev/dat/gfx").exists()
@@ -273,9 +278,7 @@ def test_command_reads_widelands_from_its_package(tmp_path):
         "usr/share/games/widelands/data/images/big.png": b"\x89PNG" + b"0" * 100,     # not unpacked
         "usr/share/doc/widelands-data/copyright": COPYRIGHT})
     out = tmp_path / "out"
-    assert main(["prepare-data", "--sources", "auf-deutsch,widelands", "--out", str(out),
-                 "--download-dir", str(d), "--vocab-from", str(SPM), "--eval-size", "3"]) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = prepare_from(d, "auf-deutsch,widelands", out)
     assert manifest["packages"]["widelands-data"] == {"version": "2:1.1-3", "licence": "GPL-2+, CC0-1.0"}
     assert manifest["counts"]["widelands"] == {"train": 4, "valid": 0, "test": 0}   # 3 entries, one split in two
     assert not (d / "widelands" / "usr/share/games/widelands/data/images").exists()
