@@ -79,27 +79,30 @@ def stutter_tokens(target: list[int], n: int, context: StutterContext | None = N
 
 @dataclass(frozen=True)
 class StutterContext:
-    """What the no-stutter rule sees besides the target. A repeated run counts as a stutter only if
-    it begins a word (pieces repeated inside a word, "Kanon|en|en", are a spelling slip, and banning
-    the piece made other misspellings) and the source read so far does not repeat itself: neither the
-    run's own text twice ("M-I-L-L-E-R", "HAHAHA", "Hmm" copied from the source) nor any word twice in a
-    row ("Warum, warum" -> "Why, why"). Each exception removed a measured false ban (docs/results.md)."""
-    word_start: list[bool]    # per piece id: it begins a word
-    piece_text: list[str]     # per piece id: its text, squeezed (models/tokenizer.py)
-    source: str               # the source read so far, squeezed
-    source_repeats: bool      # the source read so far has a word twice in a row
+    """What the no-stutter rule sees besides the target. A repeated run counts as a stutter only if it
+    does not start inside a word (it starts with a word's first piece or with punctuation: pieces
+    repeated inside a word, "Kanon|en|en", are a spelling slip, and banning the piece made other
+    misspellings) and the source read so far does not repeat itself: neither the run's own text twice
+    ("M-I-L-L-E-R" copied from the source) nor any word twice in a row ("Warum, warum" -> "Why, why").
+    Each exception removed a measured false ban (docs/results.md)."""
+    word_start: list[bool]     # per piece id: it begins a word
+    no_word_chars: list[bool]  # per piece id: it holds no letter or digit (",", "-")
+    piece_text: list[str]      # per piece id: its text, squeezed (models/tokenizer.py)
+    source: str                # the source read so far, squeezed
+    source_repeats: bool       # the source read so far has a word twice in a row
 
     def counts(self, run: list[int]) -> bool:
-        if not self.word_start[run[0]] or self.source_repeats:
+        if not (self.word_start[run[0]] or self.no_word_chars[run[0]]) or self.source_repeats:
             return False
         text = "".join(self.piece_text[t] for t in run)
-        return not (text and text * 2 in self.source)
+        return not (text.strip() and text * 2 in self.source)
 
 
 def stutter_context(tok, source_tokens: list[int], source_words: list[str]) -> StutterContext:
     """The context of a stream that has read `source_words` (encoded as `source_tokens`) under `tok`."""
     words = ["".join(ch for ch in w.lower() if ch.isalnum()) for w in source_words]
-    return StutterContext(tok.word_start, tok.piece_text, "".join(tok.piece_text[t] for t in source_tokens),
+    return StutterContext(tok.word_start, tok.no_word_chars, tok.piece_text,
+                          "".join(tok.piece_text[t] for t in source_tokens) + " ",
                           any(a and a == b for a, b in zip(words, words[1:])))
 
 

@@ -16,9 +16,10 @@ WORD_START = "\u2581"  # ▁
 
 
 def squeeze(text: str) -> str:
-    """Text as the no-stutter rule compares it (models/decoding.py): lower case, no whitespace, no
-    word-start marks."""
-    return "".join(text.replace(WORD_START, " ").lower().split())
+    """Text as the no-stutter rule compares it (models/decoding.py): lower case, a word-start mark a
+    space, every run of whitespace one space (kept, so "da auf" does not hold "a a")."""
+    text = text.replace(WORD_START, " ").lower()
+    return (" " if text[:1].isspace() else "") + " ".join(text.split()) + (" " if text[-1:].isspace() else "")
 
 
 class Tokenizer:
@@ -36,6 +37,8 @@ class Tokenizer:
         self.unk_id = self.sp.unk_id()
         # each piece's text as the no-stutter rule compares it (models/decoding.py: squeeze)
         self.piece_text = ["" if self.sp.is_control(i) else squeeze(self.sp.id_to_piece(i)) for i in range(n)]
+        # pieces without a letter or digit (",", "-", "'"): a run starting with one is not inside a word
+        self.no_word_chars = [not any(ch.isalnum() for ch in t) for t in self.piece_text]
 
     @property
     def vocab_size(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from conftest import POLICIES, random_decoder
@@ -61,24 +62,28 @@ def counted_stutters(dec, state) -> int:
                for i in range(len(t)))
 
 
-def test_stutter_context_exceptions(piece_tok):
-    """A run counts only where it begins a word and the source read so far does not repeat itself."""
-    tok = piece_tok
-    starts = [i for i in range(tok.vocab_size) if tok.word_start[i] and tok.piece_text[i] and i != tok.unk_id]
-    inner = [i for i in range(tok.vocab_size) if not tok.word_start[i] and tok.piece_text[i]]
-    a, b, x = starts[0], starts[1], inner[0]
-    plain = stutter_context(tok, [], [])
-    assert stutter_tokens([b, a], 1, plain) == [a] and stutter_tokens([b, a], 1) == [a]
-    assert stutter_tokens([a, x], 1, plain) == []            # a piece repeated inside a word
-    assert stutter_tokens([a, x], 1) == [x]                  # (counted without a context)
-    assert stutter_tokens([a, x, a], 2, plain) == sorted([a, x])   # "a a", and the run "a x" begins a word
-    assert stutter_tokens([x, a, x], 2, plain) == []        # "x x" and "x a x a": runs inside a word
-    twice = tok.piece_text[a] * 2                            # the source holds the run's text twice
-    src = tok.encode(twice)
-    assert stutter_tokens([b, a], 1, stutter_context(tok, src, [twice])) == []
-    assert stutter_tokens([b, a], 1, stutter_context(tok, tok.encode("zz yy"), ["zz", "yy"])) == [a]
-    assert stutter_tokens([b, a], 1, stutter_context(tok, tok.encode("zz, Zz!"), ["zz,", "Zz!"])) == []
-    assert not stutter_context(tok, [], ["!", "!"]).source_repeats   # only words with letters or digits
+def shipped_tokenizer():
+    from models.tokenizer import Tokenizer
+    return Tokenizer(Path(__file__).resolve().parents[1] / "models/checkpoints/gma_delta1/spm.model")
+
+
+@pytest.mark.parametrize("target,source,banned", [
+    ("I'm very very", "Ich bin heute sehr beschäftigt.", True),
+    ("I like a a", "Ich mag da auf", True),                         # "da auf" does not hold "a a"
+    ("that shall die, and be strong, and be strong", "der soll sterben; sei getrost", True),  # starts at ","
+    ("Hmm", "Na gut.", False),                                      # "m m" inside a word
+    ("M-I-L-L", "M-I-L-L-E-R.", False),                             # the source has "-L-L"
+    ("M-I-L-L", "M-I-L-E-R.", True),
+    ("Why, why, why", "Warum, warum, warum!", False),               # the source repeats a word
+])
+def test_stutter_context_exceptions(target, source, banned):
+    """With the source read so far, the rule bans the last piece of `target` only where the repeated run
+    does not start inside a word and the source does not repeat itself; without a context (the bare
+    subword rule) every one of these is banned."""
+    tok = shipped_tokenizer()
+    t, src = tok.encode(target), tok.encode(source)
+    assert t[-1] in stutter_tokens(t[:-1], 12)
+    assert (t[-1] in stutter_tokens(t[:-1], 12, stutter_context(tok, src, source.split()))) is banned
 
 
 def test_stutter_tokens():
