@@ -7,7 +7,7 @@ Three rules, each applied in `StreamingDecoder._decode` (so identically for the 
   o'clock"), and this removes the exact repeats.
 - `no_stutter = n` (0: off): a WRITE never makes the translation end with the same run of m <= n
   subwords twice in a row ("a drink drink", "very very very", "full power full power"), where the run
-  begins a word and the source read so far does not repeat itself (`StutterContext`). The models'
+  does not start inside a word and the source read so far does not repeat itself (`StutterContext`). The models'
   most visible error; unlike `no_repeat_ngram` it leaves a phrase that comes back later alone.
   None (the default) takes the policy's own default, `NO_STUTTER_DEFAULT`.
 - `early_eos`: what a simultaneous model's EOS means while the source has not ended. "read" (the
