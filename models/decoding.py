@@ -18,6 +18,7 @@ Greedy steps only: beam search (offline models) keeps its own scores and ignores
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from models.errors import UserError
 
@@ -84,26 +85,29 @@ class StutterContext:
     repeated inside a word, "Kanon|en|en", are a spelling slip, and banning the piece made other
     misspellings) and the source read so far does not repeat itself: neither the run's own text twice
     ("M-I-L-L-E-R" copied from the source) nor any word twice in a row ("Warum, warum" -> "Why, why").
-    Each exception removed a measured false ban (docs/results.md)."""
-    word_start: list[bool]     # per piece id: it begins a word
-    no_word_chars: list[bool]  # per piece id: it holds no letter or digit (",", "-")
-    piece_text: list[str]      # per piece id: its text, squeezed (models/tokenizer.py)
-    source: str                # the source read so far, squeezed
-    source_repeats: bool       # the source read so far has a word twice in a row
+    Each exception removed a measured false ban (docs/results.md). The source is looked at only when a
+    run repeats (rare), so a step without one pays nothing for it."""
+    tok: object               # the Tokenizer: word_start, no_word_chars, piece_text per piece id
+    source_tokens: list[int]  # the source read so far
+    source_words: list[str]
+
+    @cached_property
+    def source(self) -> str:
+        """The source read so far, squeezed (models/tokenizer.py)."""
+        return "".join(self.tok.piece_text[t] for t in self.source_tokens) + " "
+
+    @cached_property
+    def source_repeats(self) -> bool:
+        """The source read so far has a word twice in a row (letters and digits, case ignored)."""
+        words = ["".join(ch for ch in w.lower() if ch.isalnum()) for w in self.source_words]
+        return any(a and a == b for a, b in zip(words, words[1:]))
 
     def counts(self, run: list[int]) -> bool:
-        if not (self.word_start[run[0]] or self.no_word_chars[run[0]]) or self.source_repeats:
+        tok = self.tok
+        if not (tok.word_start[run[0]] or tok.no_word_chars[run[0]]) or self.source_repeats:
             return False
-        text = "".join(self.piece_text[t] for t in run)
+        text = "".join(tok.piece_text[t] for t in run)
         return not (text.strip() and text * 2 in self.source)
-
-
-def stutter_context(tok, source_tokens: list[int], source_words: list[str]) -> StutterContext:
-    """The context of a stream that has read `source_words` (encoded as `source_tokens`) under `tok`."""
-    words = ["".join(ch for ch in w.lower() if ch.isalnum()) for w in source_words]
-    return StutterContext(tok.word_start, tok.no_word_chars, tok.piece_text,
-                          "".join(tok.piece_text[t] for t in source_tokens) + " ",
-                          any(a and a == b for a, b in zip(words, words[1:])))
 
 
 def all_bans(target: list[int], options: DecodingOptions, context: StutterContext | None = None) -> list[int]:

@@ -14,7 +14,7 @@ import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
-from models.decoding import DecodingOptions, StutterContext, all_bans, stutter_context
+from models.decoding import DecodingOptions, StutterContext, all_bans
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
@@ -296,7 +296,7 @@ class StreamingDecoder:
         """What the no-stutter rule sees of this stream besides its target: the source read so far."""
         if not self.options.no_stutter:
             return None
-        return stutter_context(self.tok, state.source_tokens, state.source_words)
+        return StutterContext(self.tok, state.source_tokens, state.source_words)
 
     def _plan_decode(self, states: list[StreamState], upload: Upload) -> tuple[int, int]:
         bos = self.cfg.bos_id

@@ -14,7 +14,7 @@ from test_streaming_equivalence import SENTENCES, chosen_tokens, context_at, tea
 from models import decoding
 from models.checkpoint import load_checkpoint
 from models.decoding import (NO_STUTTER_DEFAULT, DecodingError, DecodingOptions, all_bans, banned_tokens,
-                             stutter_context, stutter_tokens)
+                             StutterContext, stutter_tokens)
 from models.data.synthetic import make_pairs
 from models.step import StreamingDecoder
 from models.translate import simulate
@@ -83,7 +83,7 @@ def test_stutter_context_exceptions(target, source, banned):
     tok = shipped_tokenizer()
     t, src = tok.encode(target), tok.encode(source)
     assert t[-1] in stutter_tokens(t[:-1], 12)
-    assert (t[-1] in stutter_tokens(t[:-1], 12, stutter_context(tok, src, source.split()))) is banned
+    assert (t[-1] in stutter_tokens(t[:-1], 12, StutterContext(tok, src, source.split()))) is banned
 
 
 def test_stutter_tokens():

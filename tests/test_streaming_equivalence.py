@@ -8,7 +8,7 @@ import torch
 from conftest import POLICIES, random_decoder
 
 from models.data.synthetic import make_pairs
-from models.decoding import DecodingOptions, all_bans, stutter_context
+from models.decoding import DecodingOptions, StutterContext, all_bans
 from models.step import StreamingDecoder
 from models.translate import simulate
 
@@ -68,7 +68,7 @@ def context_at(dec, state, i):
         if n > read:
             break
         words.append(w)
-    return stutter_context(dec.tok, state.source_tokens[:read], words)
+    return StutterContext(dec.tok, state.source_tokens[:read], words)
 
 
 def chosen_tokens(dec, logits, state) -> list[int]:

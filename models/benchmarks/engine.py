@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from models.decoding import DecodingOptions, all_bans, stutter_context
+from models.decoding import DecodingOptions, StutterContext, all_bans
 from models.step import MAX_LEN_A, MAX_LEN_B, StreamingDecoder
 from models.translate import simulate
 
@@ -56,7 +56,7 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
                     must_read = True
                 else:
                     scores = logits[0, -1].clone()
-                    context = stutter_context(tok, src, words[:read]) if options.no_stutter else None
+                    context = StutterContext(tok, src, words[:read]) if options.no_stutter else None
                     scores[all_bans(tgt, options, context)] = float("-inf")
                     if options.early_eos == "write" and not finished:
                         scores[cfg.eos_id] = float("-inf")
