@@ -7,6 +7,8 @@ set and setting that BEFORE and an AFTER share: BLEU and AL of each, and the sha
 repeat a word bigram or a word trigram more often than their reference does (case and punctuation
 ignored), that stutter (a run of one to four words twice in a row, "a drink drink", which their reference
 does not do), and the hypotheses that stopped before half the source (recipes/short_hypotheses.py's rule).
+A fall's p is the paired bootstrap's (models/metrics/significance.py): the share of 1,000 resamples of
+the set's sentences on which AFTER is level or ahead, so p < 0.05 marks a fall the set shows.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from per_source_table import read_outputs  # noqa: E402
+
+from models.metrics.significance import fall_p_value  # noqa: E402
+
+ALPHA = 0.05
 
 
 def grams(text: str, n: int) -> Counter:
@@ -51,7 +57,7 @@ def summary(run: Path) -> dict[tuple[str, str], dict]:
         results, refs = read_outputs(path)
         n = len(results)
         out[(row["set"], f"{row['model']}, {row['setting']}")] = {
-            "BLEU": float(row["BLEU"]), "AL": float(row["AL"]),
+            "BLEU": float(row["BLEU"]), "AL": float(row["AL"]), "path": path,
             "rep2": 100 * sum(repeats(r.prediction, ref, 2) for r, ref in zip(results, refs)) / n,
             "rep3": 100 * sum(repeats(r.prediction, ref, 3) for r, ref in zip(results, refs)) / n,
             "stutter": 100 * sum(stutters(r.prediction) and not stutters(ref) for r, ref in zip(results, refs)) / n,
@@ -72,16 +78,22 @@ def main(argv: list[str]) -> int:
     print("| set | model, setting | BLEU before → after | AL before → after | repeated bigram % | repeated trigram % "
           "| stutter % | stopped early % |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    falls = 0
+    falls = significant = 0
     for key in sorted(after, key=lambda k: (k[1], k[0])):
         if key not in before:
             continue
         b, a = before[key], after[key]
-        falls += a["BLEU"] < b["BLEU"]
-        print(f"| {key[0].removeprefix('test.')} | {key[1]} | {b['BLEU']:.2f} → {a['BLEU']:.2f} ({a['BLEU'] - b['BLEU']:+.2f}) "
+        p = ""
+        if a["BLEU"] < b["BLEU"]:
+            falls += 1
+            p_fall = fall_p_value(b["path"], a["path"])
+            significant += p_fall < ALPHA
+            p = f", p {p_fall:.2f}"
+        print(f"| {key[0].removeprefix('test.')} | {key[1]} | {b['BLEU']:.2f} → {a['BLEU']:.2f} ({a['BLEU'] - b['BLEU']:+.2f}{p}) "
               f"| {b['AL']:.2f} → {a['AL']:.2f} | {b['rep2']:.1f} → {a['rep2']:.1f} | {b['rep3']:.1f} → {a['rep3']:.1f} "
               f"| {b['stutter']:.1f} → {a['stutter']:.1f} | {b['early']:.1f} → {a['early']:.1f} |")
-    print(f"\nBLEU falls on {falls} of the rows above")
+    print(f"\nBLEU falls on {falls} of the rows above, on {significant} of them significantly (p < {ALPHA}, paired "
+          "bootstrap)")
     return 0
 
 

@@ -266,4 +266,4 @@ def test_decoding_table_counts_repeats_the_reference_does_not_have(tmp_path, tra
                           str(tmp_path / "after")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "k=2" in line]
-    assert len(rows) == 1 and "BLEU falls on" in out.stdout
+    assert len(rows) == 1 and "BLEU falls on" in out.stdout and "significantly (p < 0.05, paired bootstrap)" in out.stdout

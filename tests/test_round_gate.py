@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import sacrebleu
+
+from models.metrics.significance import corpus_bleu, outputs_stats, share_not_behind
+
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ["unseen", "everyday", "bible"]
 
@@ -65,3 +70,71 @@ def test_command_prints_the_table_and_both_verdicts(tmp_path):
     assert "(unseen up at every setting) it does not pass" in out
     usage = subprocess.run([sys.executable, str(ROOT / "recipes/round_gate.py")], capture_output=True, text=True)
     assert usage.returncode == 2 and "round_gate.py" in usage.stderr
+
+
+REFS = [f"the {w} train leaves from platform {n} at noon today" for w, n in
+        zip(["red", "blue", "green", "fast", "slow", "late", "early", "last", "first", "night"] * 4,
+            ["one", "two", "three", "four", "five", "six", "seven", "eight"] * 5)]
+
+
+def outputs(folder: Path, setting: str, name: str, predictions: list[str]) -> None:
+    """An `evaluate -o` outputs file of `predictions` for REFS (sources are the references' indices)."""
+    import json
+    path = folder / "outputs" / f"test.{name}" / f"model.{setting}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"source": f"s{i}", "prediction": p, "reference": r}) + "\n"
+                            for i, (p, r) in enumerate(zip(predictions, REFS))), encoding="utf-8")
+
+
+def test_paired_bootstrap_tells_a_systematic_fall_from_a_draw(tmp_path):
+    g = gate()
+    perfect = list(REFS)
+    draw = list(REFS)          # one sentence lost, one other half right: a fall decided by a sentence
+    draw[3] = "a totally different sentence"
+    draw[7] = " ".join(REFS[7].split()[:5])
+    systematic = [" ".join(r.split()[:-1]) for r in REFS]   # every sentence loses its last word
+    for name, preds in {"perfect": perfect, "draw": draw, "systematic": systematic}.items():
+        outputs(tmp_path / name, "delta=1", "everyday", preds)
+    stats = {n: outputs_stats(tmp_path / n / "outputs/test.everyday/model.delta=1.jsonl")[1]
+             for n in ("perfect", "draw", "systematic")}
+    assert abs(corpus_bleu(stats["draw"]) - sacrebleu.corpus_bleu(draw, [REFS]).score) < 1e-9
+    assert corpus_bleu(stats["perfect"]) - corpus_bleu(stats["draw"]) > 0.3
+    assert share_not_behind(stats["perfect"], stats["perfect"]) == 1.0       # level counts as not behind
+    assert share_not_behind(stats["perfect"], stats["systematic"]) < g.ALPHA
+    assert share_not_behind(stats["perfect"], stats["draw"]) >= g.ALPHA
+    assert share_not_behind(stats["systematic"], stats["perfect"]) == 1.0    # the reverse: a rise
+    with pytest.raises(ValueError):
+        share_not_behind(stats["perfect"], stats["perfect"][:5])
+
+
+def test_significance_verdict_from_evaluate_outputs(tmp_path):
+    """--outputs adds p-values and the third verdict: a fall of more than 0.3 on a draw of two sentences
+    passes it, the same files with every sentence worse do not; a folder with two outputs of one setting
+    is refused."""
+    g = gate()
+    draw = list(REFS)
+    draw[3] = "a totally different sentence"
+    draw[7] = " ".join(REFS[7].split()[:5])
+    systematic = [" ".join(r.split()[:-1]) for r in REFS]
+    for kind, everyday in {"draw": draw, "systematic": systematic}.items():
+        old_dir, new_dir = tmp_path / kind / "old", tmp_path / kind / "new"
+        outputs(old_dir, "delta=1", "everyday", REFS)
+        outputs(new_dir, "delta=1", "everyday", everyday)
+        score = lambda preds: float(sacrebleu.corpus_bleu(preds, [REFS]).score)
+        old = write(tmp_path / kind / "old.csv", {("delta=1", "everyday"): score(REFS), ("delta=1", "unseen"): 10.0})
+        new = write(tmp_path / kind / "new.csv", {("delta=1", "everyday"): score(everyday), ("delta=1", "unseen"): 11.0})
+        out = subprocess.run([sys.executable, str(ROOT / "recipes/round_gate.py"), old, new, "--outputs",
+                              str(old_dir), str(new_dir)], capture_output=True, text=True, check=True).stdout
+        assert "GMA: passes (the rule" not in out          # both fall by more than 0.3
+        verdict = "passes" if kind == "draw" else "does not pass"
+        assert f"GMA: with a fall counted only when significant (p < 0.05) it {verdict}" in out, out
+        assert "(p " in out and "| +1.00 |" in out         # unseen has no outputs: no p-value
+    outputs(tmp_path / "draw" / "new" / "again", "delta=1", "everyday", REFS)
+    twice = subprocess.run([sys.executable, str(ROOT / "recipes/round_gate.py"), old, new, "--outputs",
+                            str(tmp_path / "draw" / "old"), str(tmp_path / "draw" / "new")],
+                           capture_output=True, text=True)
+    assert twice.returncode != 0 and "2 outputs of delta=1 on everyday" in twice.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "recipes/round_gate.py"), old, new, "--outputs", "nowhere"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--outputs takes two folders" in bad.stderr
+    assert g.passes_significantly({"delta=1": {"unseen": 1.0, "bible": -0.5}}, {}) is False  # no p: counts
