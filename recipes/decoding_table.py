@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from per_source_table import read_outputs  # noqa: E402
 
-from models.metrics.significance import fall_p_value  # noqa: E402
+from models.metrics.significance import bleu_stats, share_not_behind  # noqa: E402
 
 ALPHA = 0.05
 
@@ -57,7 +57,8 @@ def summary(run: Path) -> dict[tuple[str, str], dict]:
         results, refs = read_outputs(path)
         n = len(results)
         out[(row["set"], f"{row['model']}, {row['setting']}")] = {
-            "BLEU": float(row["BLEU"]), "AL": float(row["AL"]), "path": path,
+            "BLEU": float(row["BLEU"]), "AL": float(row["AL"]), "sources": [r.source for r in results],
+            "stats": bleu_stats([r.prediction for r in results], refs),
             "rep2": 100 * sum(repeats(r.prediction, ref, 2) for r, ref in zip(results, refs)) / n,
             "rep3": 100 * sum(repeats(r.prediction, ref, 3) for r, ref in zip(results, refs)) / n,
             "stutter": 100 * sum(stutters(r.prediction) and not stutters(ref) for r, ref in zip(results, refs)) / n,
@@ -86,7 +87,9 @@ def main(argv: list[str]) -> int:
         p = ""
         if a["BLEU"] < b["BLEU"]:
             falls += 1
-            p_fall = fall_p_value(b["path"], a["path"])
+            if b["sources"] != a["sources"]:
+                raise SystemExit(f"error: {key} translates different sentences before and after")
+            p_fall = share_not_behind(b["stats"], a["stats"])
             significant += p_fall < ALPHA
             p = f", p {p_fall:.2f}"
         print(f"| {key[0].removeprefix('test.')} | {key[1]} | {b['BLEU']:.2f} → {a['BLEU']:.2f} ({a['BLEU'] - b['BLEU']:+.2f}{p}) "

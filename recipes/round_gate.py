@@ -77,7 +77,7 @@ def passes_significantly(by_setting: dict[str, dict[str, float]],
 def outputs_file(root: Path, setting: str, name: str) -> Path | None:
     """The one outputs file of `setting` on test set `name` under an evaluate folder (or a folder above
     several, e.g. a gate's), or None."""
-    found = sorted(root.glob(f"**/outputs/test.{name}/*.{setting}.jsonl"))
+    found = sorted(root.glob(f"**/outputs/test.{name}/*.{setting.replace(' ', '_')}.jsonl"))  # evaluate's naming
     if len(found) > 1:
         raise SystemExit(f"error: {len(found)} outputs of {setting} on {name} under {root}: {found}")
     return found[0] if found else None

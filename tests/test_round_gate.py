@@ -138,3 +138,11 @@ def test_significance_verdict_from_evaluate_outputs(tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--outputs takes two folders" in bad.stderr
     assert g.passes_significantly({"delta=1": {"unseen": 1.0, "bible": -0.5}}, {}) is False  # no p: counts
+
+
+def test_outputs_file_follows_evaluates_naming(tmp_path):
+    """evaluate writes a setting's spaces as _ ("offline beam=5" -> model.offline_beam=5.jsonl)."""
+    g = gate()
+    outputs(tmp_path, "offline_beam=5", "everyday", REFS)
+    assert g.outputs_file(tmp_path, "offline beam=5", "everyday").name == "model.offline_beam=5.jsonl"
+    assert g.outputs_file(tmp_path, "delta=1", "everyday") is None
