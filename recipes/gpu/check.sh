@@ -64,7 +64,7 @@ step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
   simulserve bench step --device $DEVICE --dtype bfloat16 --checkpoint "$CKPT" --source "$DATA/test.de" \
   --batch-sizes 1,8,32,128 --sentences 128 --rounds 3 --paths default,compiled --json "$DIR/step_cuda_bf16.json"
 step "bench engine" "$BUDGET_ENGINE" \
-  simulserve bench engine --device $DEVICE -m "$CKPT" --count 3
+  simulserve bench engine --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --count 3
 step "bench server (compiled step)" "$BUDGET_SERVER" \
   simulserve bench server --device $DEVICE --step compiled --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels 100,250,500,1000 --level-seconds 8 --throughput-seconds 10 --skip soak --json "$DIR/server_cuda.json"

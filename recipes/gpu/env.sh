@@ -6,8 +6,8 @@ if ! "$PY" -c "import fastapi, pydantic_settings, uvicorn, websockets" 2>/dev/nu
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/simulserve-site .gpu/whl/*.whl || exit 2
   export PYTHONPATH="/tmp/simulserve-site:$PWD"
-else
-  export PYTHONPATH="$PWD"
+else  # installed already (or sourced a second time): keep what PYTHONPATH holds
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
 # a shim rather than a shell function: `timeout` cannot run a function

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A whole GPU lease in one command: the GPU check (check.sh, its budgets shrunk to about 4 minutes), then
+# the training runs named, side by side, for the time that is left. One command pays one machine start,
+# and the device time lent to a session (15 minutes, 10 per command) leaves room for one such command:
+#
+#   bash recipes/gpu/lease.sh SECONDS RECIPE...    # e.g. 570 recipes/everyday/round16/gma_delta1.yaml ...
+#
+# SECONDS: the wall time the whole command may take (keep it under the command limit). Carry `.gpu`
+# (`bash recipes/gpu/pack.sh check` and `pack.sh train` here first). What comes back, at most 8 files:
+#   $OUT/gpu_check.md, $OUT/check_json.tar (the benchmarks' JSON),
+#   per run $OUT/NAME/model.safetensors (fp16) and $OUT/NAME/run.tar (config.json, logs, progress).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+TOTAL="${1:?usage: lease.sh SECONDS RECIPE...}"; shift
+DEST="${OUT:-runs/gpu}"
+export PY="${PY:-python3}"
+TRAIN_DATA="${TRAIN_DATA:-/tmp/simulserve-data}"   # check.sh reads DATA (the test sets, .gpu/data)
+mkdir -p "$DEST" "$TRAIN_DATA"
+tar -xJf .gpu/train.tar.xz -C "$TRAIN_DATA" & untar=$!   # unpacked while the check runs, once for all runs
+. recipes/gpu/env.sh                                # installed once: the runs below must not race on it
+
+BUDGET_TESTS="${BUDGET_TESTS:-70}" BUDGET_STEP="${BUDGET_STEP:-50}" BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-25}" \
+BUDGET_ENGINE="${BUDGET_ENGINE:-15}" BUDGET_SERVER="${BUDGET_SERVER:-35}" BUDGET_EVAL="${BUDGET_EVAL:-45}" \
+EVAL_LIMIT="${EVAL_LIMIT:-100}" bash recipes/gpu/check.sh "$DEST/gpu_check.md"
+(cd "$DEST" && compgen -G "*.json" >/dev/null && tar -cf check_json.tar *.json && rm -f *.json)
+wait "$untar" || { echo "could not unpack .gpu/train.tar.xz"; exit 2; }
+
+# what is left, less ~40 s of loading before training starts and ~35 s of export and packing after it
+minutes=$("$PY" -c "print(f'{max(0.5, ($TOTAL - $SECONDS - 75) / 60):.2f}')")
+echo "== training $# run(s) side by side for $minutes minutes"
+pids=()
+for recipe in "$@"; do
+  name="$(basename "$recipe" .yaml)"
+  mkdir -p "$DEST/$name"
+  OUT="$DEST" DATA="$TRAIN_DATA" bash recipes/gpu/train.sh "$recipe" "$minutes" > "$DEST/$name/train.log" 2>&1 & pids+=($!)
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+for recipe in "$@"; do
+  name="$(basename "$recipe" .yaml)"
+  tail -n 5 "$DEST/$name/train.log"
+  # spm.model is the shipped one; everything small goes into one file, to stay under 8 files back
+  (cd "$DEST/$name" && rm -f spm.model && tar -cf run.tar $(ls | grep -v -e '^model.safetensors$' -e '^run.tar$') \
+     && find . -maxdepth 1 -type f ! -name model.safetensors ! -name run.tar -delete)
+done
+ls -la "$DEST" "$DEST"/*/
+echo "lease.sh: $SECONDS s, training rc $rc"
+exit "$rc"
