@@ -73,3 +73,34 @@ def test_every_command_of_the_gpu_check_takes_its_options():
             assert re.search(rf"{re.escape(flag)}\b", helptext), (sub, flag)
     syntax = subprocess.run(["bash", "-n", str(GPU / "check.sh")], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def test_lease_script_checks_then_trains_runs_side_by_side_and_brings_back_at_most_8_files(word_tok, tmp_path):
+    """lease.sh's CPU dry run: the check (budgets of a second: its parts are cut off, as on a GPU when one
+    runs long), then two runs trained side by side from one unpacked data set, packed so that no more than
+    the 8 files the device tool returns come back."""
+    write_dataset(word_tok, tmp_path / "data")
+    subprocess.run(["tar", "-cJf", str(tmp_path / "train.tar.xz"), "-C", str(tmp_path / "data"), "."], check=True)
+    recipes = []
+    for name, lr in (("tiny_a", 1e-3), ("tiny_b", 5e-4)):
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(yaml.safe_dump({"output": "ignored", "max_tokens": 256, "warmup": 10, "max_epochs": 1000,
+                                          "average_last": 1, "lr": lr, "model": model_dict(word_tok, "gma")}))
+        recipes.append(str(recipe))
+    out = tmp_path / "out"
+    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out), "TRAIN_TAR": str(tmp_path / "train.tar.xz"),
+           "TRAIN_DATA": str(tmp_path / "unpacked"), "STATE_ROOT": str(tmp_path / "state"), "TRAIN_MINUTES": "0.03",
+           **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP", "STEP_BF16", "ENGINE", "SERVER", "EVAL")}}
+    done = subprocess.run(["bash", str(GPU / "lease.sh"), "60", *recipes], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "## CUDA tests" in (out / "gpu_check.md").read_text()
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8, files
+    for name in ("tiny_a", "tiny_b"):
+        assert {p.name for p in (out / name).iterdir()} == {"model.safetensors", "run.tar"}
+        listed = subprocess.run(["tar", "-tf", str(out / name / "run.tar")], capture_output=True, text=True).stdout
+        assert {"config.json", "progress.txt", "train.log"} <= set(listed.split())
+        assert int(re.search(r"step (\d+)", subprocess.run(
+            ["tar", "-xOf", str(out / name / "run.tar"), "progress.txt"], capture_output=True, text=True).stdout
+        ).group(1)) > 0

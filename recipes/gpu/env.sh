@@ -1,12 +1,18 @@
-# Sourced by check.sh and train.sh on a bare GPU machine: installs the project's wheels the image lacks
-# (from .gpu/whl, packed here by `bash recipes/gpu/pack.sh check`) beside the image's PyTorch, and puts
+# Sourced by check.sh, train.sh and lease.sh on a bare GPU machine: installs the project's wheels the image
+# lacks (from .gpu/whl, packed here by `bash recipes/gpu/pack.sh check`) beside the image's PyTorch, and puts
 # the CLI on PATH without installing the project. Expects to run in the repository root with $PY set.
 PY="${PY:-python3}"
-if ! "$PY" -c "import fastapi, pydantic_settings, uvicorn, websockets" 2>/dev/null && compgen -G ".gpu/whl/*.whl" >/dev/null; then
+SITE=/tmp/simulserve-site
+if [ -f "$SITE/.installed" ]; then  # done by an earlier command: runs started side by side must not reinstall
+  export PYTHONPATH="$SITE:$PWD"
+elif ! "$PY" -c "import fastapi, pydantic_settings, uvicorn, websockets" 2>/dev/null && compgen -G ".gpu/whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/simulserve-site .gpu/whl/*.whl || exit 2
-  export PYTHONPATH="/tmp/simulserve-site:$PWD"
-else  # installed already (or sourced a second time): keep what PYTHONPATH holds
+    --target "$SITE" .gpu/whl/*.whl || return 2 2>/dev/null || exit 2
+  touch "$SITE/.installed"
+  export PYTHONPATH="$SITE:$PWD"
+  "$PY" -c "import fastapi, pydantic_settings, uvicorn, websockets" \
+    || echo "env.sh: the server's packages still do not import: a wheel is missing from recipes/gpu/pack.sh" >&2
+else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1

@@ -5,7 +5,8 @@
 #
 #   bash recipes/gpu/lease.sh SECONDS RECIPE...    # e.g. 570 recipes/everyday/round16/gma_delta1.yaml ...
 #
-# SECONDS: the wall time the whole command may take (keep it under the command limit). Carry `.gpu`
+# SECONDS: the wall time the whole command may take (keep it under the command limit; TRAIN_MINUTES=M
+# fixes the training time instead). Carry `.gpu`
 # (`bash recipes/gpu/pack.sh check` and `pack.sh train` here first). What comes back, at most 8 files:
 #   $OUT/gpu_check.md, $OUT/check_json.tar (the benchmarks' JSON),
 #   per run $OUT/NAME/model.safetensors (fp16) and $OUT/NAME/run.tar (config.json, logs, progress).
@@ -16,17 +17,17 @@ DEST="${OUT:-runs/gpu}"
 export PY="${PY:-python3}"
 TRAIN_DATA="${TRAIN_DATA:-/tmp/simulserve-data}"   # check.sh reads DATA (the test sets, .gpu/data)
 mkdir -p "$DEST" "$TRAIN_DATA"
-tar -xJf .gpu/train.tar.xz -C "$TRAIN_DATA" & untar=$!   # unpacked while the check runs, once for all runs
+tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpacked while the check runs, once for all runs
 . recipes/gpu/env.sh                                # installed once: the runs below must not race on it
 
 BUDGET_TESTS="${BUDGET_TESTS:-70}" BUDGET_STEP="${BUDGET_STEP:-50}" BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-25}" \
 BUDGET_ENGINE="${BUDGET_ENGINE:-15}" BUDGET_SERVER="${BUDGET_SERVER:-35}" BUDGET_EVAL="${BUDGET_EVAL:-45}" \
 EVAL_LIMIT="${EVAL_LIMIT:-100}" bash recipes/gpu/check.sh "$DEST/gpu_check.md"
 (cd "$DEST" && compgen -G "*.json" >/dev/null && tar -cf check_json.tar *.json && rm -f *.json)
-wait "$untar" || { echo "could not unpack .gpu/train.tar.xz"; exit 2; }
+wait "$untar" || { echo "could not unpack ${TRAIN_TAR:-.gpu/train.tar.xz}"; exit 2; }
 
 # what is left, less ~40 s of loading before training starts and ~35 s of export and packing after it
-minutes=$("$PY" -c "print(f'{max(0.5, ($TOTAL - $SECONDS - 75) / 60):.2f}')")
+minutes="${TRAIN_MINUTES:-$("$PY" -c "print(f'{max(0.5, ($TOTAL - $SECONDS - 75) / 60):.2f}')")}"
 echo "== training $# run(s) side by side for $minutes minutes"
 pids=()
 for recipe in "$@"; do

@@ -19,7 +19,8 @@ PY="${PY:-.venv/bin/python}"
 # prometheus-client, anyio, h11, click, httpx, pytest ship there) does not have; pinned to the versions
 # installed here so the GPU runs what CI tests.
 WHEELS=(pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv
-        fastapi starlette annotated-doc uvicorn websockets anyio typing_extensions)
+        fastapi starlette annotated-doc uvicorn websockets anyio typing_extensions
+        opentelemetry-api)   # fastapi >= 0.16x imports it (the first GPU check's server step died without it)
 
 case "$WHAT" in
 check)
