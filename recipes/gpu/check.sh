@@ -26,6 +26,11 @@ BUDGET_ENGINE="${BUDGET_ENGINE:-30}"
 BUDGET_SERVER="${BUDGET_SERVER:-70}"
 BUDGET_EVAL="${BUDGET_EVAL:-90}"
 EVAL_LIMIT="${EVAL_LIMIT:-200}"
+# bench step's size: the full sizes take about 18 s per timed run on an H200 (30 runs in float32), more than
+# a lease's check has; lease.sh asks for fewer sentences, batch sizes and rounds
+STEP_BATCHES="${STEP_BATCHES:-1,8,32,128,256}"; STEP_SENTENCES="${STEP_SENTENCES:-256}"; STEP_ROUNDS="${STEP_ROUNDS:-3}"
+BF16_BATCHES="${BF16_BATCHES:-1,8,32,128}"; BF16_SENTENCES="${BF16_SENTENCES:-128}"
+TESTS_K="${TESTS_K:-}"   # pytest -k: lease.sh runs only the tests that use CUDA (70 s ran 20 of all 64 on an H200)
 
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
 
@@ -55,14 +60,14 @@ say '```'
   || [ "$DEVICE" = cpu ] || { say "no CUDA device: nothing to check"; echo "no CUDA device"; exit 1; }
 
 step "CUDA tests (equivalence, fused attention, device-resident state, CUDA graphs)" "$BUDGET_TESTS" \
-  "$PY" -m pytest -q -p no:cacheprovider -p no:flake8 -rs tests/test_device_state.py tests/test_fast_paths.py \
+  "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs ${TESTS_K:+-k "$TESTS_K"} tests/test_device_state.py tests/test_fast_paths.py \
   tests/test_streaming_equivalence.py
 step "bench step, float32: the forms of the step" "$BUDGET_STEP" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
-  --batch-sizes 1,8,32,128,256 --sentences 256 --rounds 3 --paths default,static,compiled --json "$DIR/step_cuda.json"
+  --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths default,static,compiled --json "$DIR/step_cuda.json"
 step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
   simulserve bench step --device $DEVICE --dtype bfloat16 --checkpoint "$CKPT" --source "$DATA/test.de" \
-  --batch-sizes 1,8,32,128 --sentences 128 --rounds 3 --paths default,compiled --json "$DIR/step_cuda_bf16.json"
+  --batch-sizes "$BF16_BATCHES" --sentences "$BF16_SENTENCES" --rounds "$STEP_ROUNDS" --paths default,compiled --json "$DIR/step_cuda_bf16.json"
 step "bench engine" "$BUDGET_ENGINE" \
   simulserve bench engine --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --count 3
 step "bench server (compiled step)" "$BUDGET_SERVER" \

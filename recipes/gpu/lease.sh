@@ -22,7 +22,9 @@ tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpac
 
 BUDGET_TESTS="${BUDGET_TESTS:-70}" BUDGET_STEP="${BUDGET_STEP:-50}" BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-25}" \
 BUDGET_ENGINE="${BUDGET_ENGINE:-15}" BUDGET_SERVER="${BUDGET_SERVER:-35}" BUDGET_EVAL="${BUDGET_EVAL:-45}" \
-EVAL_LIMIT="${EVAL_LIMIT:-100}" bash recipes/gpu/check.sh "$DEST/gpu_check.md"
+EVAL_LIMIT="${EVAL_LIMIT:-100}" STEP_BATCHES="${STEP_BATCHES:-1,8,64}" STEP_SENTENCES="${STEP_SENTENCES:-64}" \
+TESTS_K="${TESTS_K:-cuda}" STEP_ROUNDS="${STEP_ROUNDS:-1}" BF16_BATCHES="${BF16_BATCHES:-1,8,64}" BF16_SENTENCES="${BF16_SENTENCES:-64}" \
+bash recipes/gpu/check.sh "$DEST/gpu_check.md"
 (cd "$DEST" && compgen -G "*.json" >/dev/null && tar -cf check_json.tar *.json && rm -f *.json)
 wait "$untar" || { echo "could not unpack ${TRAIN_TAR:-.gpu/train.tar.xz}"; exit 2; }
 
