@@ -33,6 +33,9 @@ BF16_BATCHES="${BF16_BATCHES:-1,8,32,128}"; BF16_SENTENCES="${BF16_SENTENCES:-12
 TESTS_K="${TESTS_K:-}"   # pytest -k: lease.sh runs only the tests that use CUDA (70 s ran 20 of all 64 on an H200)
 
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
+if [ ! -f "$DATA/test.de" ] && [ -f .gpu/data.tar.xz ]; then   # the test sets as pack.sh check packs them
+  mkdir -p "$DATA" && tar -xJf .gpu/data.tar.xz -C "$DATA"
+fi
 
 : > "$REPORT"
 say() { printf '%s\n' "$@" >> "$REPORT"; }
