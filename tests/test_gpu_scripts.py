@@ -104,3 +104,25 @@ def test_lease_script_checks_then_trains_runs_side_by_side_and_brings_back_at_mo
         assert int(re.search(r"step (\d+)", subprocess.run(
             ["tar", "-xOf", str(out / name / "run.tar"), "progress.txt"], capture_output=True, text=True).stdout
         ).group(1)) > 0
+
+
+def test_train_curves_plot_the_runs_and_summarise_their_epoch_ends(tmp_path):
+    import json
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "updates.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.5 - s / 1000}) + "\n"
+                                               for s in range(20, 401, 20)))
+    (run / "log.jsonl").write_text("".join(json.dumps({"epoch": e, "step": 200 * e, "valid_loss": 2.5 - 0.1 * e})
+                                           + "\n" for e in (1, 2)))
+    out = tmp_path / "curves.png"
+    done = subprocess.run([sys.executable, str(GPU / "train_curves.py"), str(out), f"{run}:tiny"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["tiny"]["epoch_ends"] == [{"step": 200, "valid_loss": 2.4}, {"step": 400, "valid_loss": 2.3}]
+    assert summary["tiny"]["last_train_loss"] == 3.1
+    # a directory that is no training output is refused with a message
+    bad = subprocess.run([sys.executable, str(GPU / "train_curves.py"), str(out), str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "updates.jsonl" in bad.stderr
