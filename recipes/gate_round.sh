@@ -18,8 +18,9 @@ S="${SIMULSERVE:-.venv/bin/simulserve}"
 C=(--data "${DATA:-data/de-en-everyday}" --sets everyday,unseen,dialogue,bible,ddtp,libreoffice --batch-size 32
    --threads 1 --quiet)
 # the settings results.sh measures for the checkpoint's policy (its config.json), in two parts side by side
-ATTENTION=$("${PY:-.venv/bin/python}" -c 'import json, sys; print(json.load(open(sys.argv[1] + "/config.json"))["model"]["attention"])' \
-  "$("${PY:-.venv/bin/python}" -c 'import sys; from models.shipped import resolve_checkpoint; print(resolve_checkpoint(sys.argv[1]))' "$CKPT")")
+ATTENTION=$("${PY:-.venv/bin/python}" -c 'import sys; from models.checkpoint import read_config
+from models.shipped import resolve_checkpoint
+print(read_config(resolve_checkpoint(sys.argv[1]))[0].attention)' "$CKPT")
 case "$ATTENTION" in
   gma) P1=gma_d1; A1=(--label "GMA, trained δ=1" --delta 1); P2=gma_d05_2; A2=(--label "GMA, trained δ=1" --delta 0.5,2) ;;
   waitk) P1=waitk_k135; A1=(--label wait-k --k 1,3,5); P2=waitk_k79; A2=(--label wait-k --k 7,9) ;;

@@ -16,21 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.checkpoint import load_checkpoint  # noqa: E402
-from models.training.data_loading import collate, encode_pairs, make_batches, read_parallel  # noqa: E402
-from models.training.train import batch_loss  # noqa: E402
-
-
-def valid_loss(model, tok, cfg, pairs, max_tokens: int = 4096) -> float:
-    examples = encode_pairs(pairs, tok, cfg.max_positions)
-    k = cfg.default_k if cfg.attention == "waitk" else None
-    total, ntok = 0.0, 0
-    with torch.no_grad():
-        for idx in make_batches(examples, max_tokens, 0, 0):
-            batch = collate(examples, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id)
-            loss, n = batch_loss(model, batch, cfg, k, 0.0)
-            total += float(loss)
-            ntok += n
-    return total / max(ntok, 1)
+from models.training.data_loading import encode_pairs, read_parallel  # noqa: E402
+from models.training.train import validation_loss  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -56,7 +43,8 @@ def main(argv=None) -> int:
         model, tok, _ = load_checkpoint(ckpt)
         cfg = model.cfg
         model.float().eval()
-        losses = [valid_loss(model, tok, cfg, pairs) for pairs in splits.values()]
+        losses = [validation_loss(model, cfg, encode_pairs(pairs, tok, cfg.max_positions), 4096)
+                  for pairs in splits.values()]
         print(f"| {ckpt} | " + " | ".join(f"{x:.4f}" for x in losses) + " |", flush=True)
     return 0
 

@@ -240,6 +240,20 @@ def sample_k(seed: int, step: int, src_max: int) -> int:
     return random.Random(seed * 1_000_003 + step).randint(1, src_max)
 
 
+def validation_loss(model, cfg: ModelConfig, examples, max_tokens: int, device=None) -> float:
+    """Loss per target token on encoded pairs, no label smoothing (GMA at the model's δ, wait-k at its
+    default k): the validation loss of training, and of recipes/valid_loss.py choosing among checkpoints."""
+    total, ntok = 0.0, 0
+    k = cfg.default_k if cfg.attention == "waitk" else None
+    with torch.no_grad():
+        for idx in make_batches(examples, max_tokens, 0, 0):
+            batch = collate(examples, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, device)
+            loss, n = batch_loss(model, batch, cfg, k, 0.0)
+            total += float(loss)
+            ntok += n
+    return total / max(ntok, 1)
+
+
 class Trainer:
     def __init__(self, tc: TrainConfig, tokenizer: Tokenizer | None = None,
                  train_pairs=None, valid_pairs=None, progress: bool = True):
@@ -353,16 +367,9 @@ class Trainer:
         if not self.valid_ex:
             return None
         self.model.eval()
-        total, ntok = 0.0, 0
-        k = self.cfg.default_k if self.cfg.attention == "waitk" else None
-        with torch.no_grad():
-            for idx in make_batches(self.valid_ex, self.tc.max_tokens, 0, 0):
-                batch = collate(self.valid_ex, idx, self.cfg.pad_id, self.cfg.bos_id, self.cfg.eos_id, self.device)
-                loss, n = batch_loss(self.model, batch, self.cfg, k, 0.0)
-                total += float(loss)
-                ntok += n
+        loss = validation_loss(self.model, self.cfg, self.valid_ex, self.tc.max_tokens, self.device)
         self.model.train()
-        return total / max(ntok, 1)
+        return loss
 
     def train(self) -> dict:
         tc, cfg = self.tc, self.cfg
