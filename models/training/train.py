@@ -29,6 +29,7 @@ from tqdm import tqdm
 from models.checkpoint import pick_device, save_checkpoint
 from models.config import ModelConfig
 from models.training.data_loading import collate, encode_pairs, make_batches, oversampled, read_parallel
+from models.training.unlikelihood import unlikelihood_loss
 from models.errors import UserError
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
@@ -61,6 +62,10 @@ class TrainConfig:
     # GMA: each training sentence's δ drawn from this list (repeat a value to weight it), so one model
     # stays good at every δ the server offers; None: the model's δ (or the curriculum's) throughout
     delta_sample: list | None = None
+    # weight of the unlikelihood term on stutters (models/training/unlikelihood.py; 0: off) and the
+    # longest run of subwords it counts
+    unlikelihood: float = 0.0
+    unlikelihood_stutter: int = 12
     threads: int | None = None
     device: str = "auto"
     extra: dict = field(default_factory=dict)
@@ -174,7 +179,10 @@ def train_delta(cfg: ModelConfig, b: int, device, delta) -> torch.Tensor | None:
     return torch.full((b,), float(cfg.default_delta if delta is None else delta), device=device)
 
 
-def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta=None):
+def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta=None,
+               unlikelihood: float = 0.0, stutter: int = 12):
+    """The batch's summed cross-entropy (plus `unlikelihood` times the stutter term, when set) and
+    its number of target tokens."""
     src, src_len, tgt_in, tgt_out = batch
     b = src.shape[0]
     kk = torch.full((b,), k, device=src.device) if k is not None else None
@@ -183,6 +191,8 @@ def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, 
     ntok = int((tgt_out != cfg.pad_id).sum())
     loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt_out.view(-1),
                            ignore_index=cfg.pad_id, label_smoothing=smoothing, reduction="sum")
+    if unlikelihood:
+        loss = loss + unlikelihood * unlikelihood_loss(logits, tgt_out, cfg.pad_id, stutter)
     return loss, ntok
 
 
@@ -408,7 +418,8 @@ class Trainer:
                             loss, ntok, loss_m = calibration_losses(self.net, batch, cfg, k, tc.label_smoothing,
                                                                     delta)
                         else:
-                            loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing, delta)
+                            loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing, delta,
+                                                    tc.unlikelihood, tc.unlikelihood_stutter)
                     self.opt.zero_grad(set_to_none=True)
                     if calibrating:  # the two losses' gradients kept apart (mask vs everything else)
                         calibration_backward(self.model, loss, ntok, loss_m, self.scaler.scale)
