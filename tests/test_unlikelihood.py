@@ -1,4 +1,4 @@
-"""The unlikelihood term on stutters (models/training/unlikelihood.py): which tokens it penalises, that
+"""The unlikelihood term on repeats (models/training/unlikelihood.py): which tokens it penalises, that
 its value is the sum it says, and that training with it lowers what it penalises."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from models.checkpoint import load_checkpoint
 from models.data.synthetic import make_pairs
 from models.training.data_loading import collate, encode_pairs
 from models.training.train import load_train_config
-from models.training.unlikelihood import stutter_candidates, unlikelihood_loss
+from models.training.unlikelihood import repeat_candidates, unlikelihood_loss
 
 PAD = 0
 
@@ -22,9 +22,14 @@ def ends_with_a_run_twice(seq: list[int], n: int) -> bool:
     return any(len(seq) >= 2 * m and seq[-m:] == seq[-2 * m:-m] for m in range(1, n + 1))
 
 
+def repeats_an_ngram(seq: list[int], n: int) -> bool:
+    """An independent definition of a repeat: the sequence's last n tokens occur earlier in it."""
+    return len(seq) >= n and any(seq[i:i + n] == seq[-n:] for i in range(len(seq) - n))
+
+
 def test_candidates_are_the_tokens_that_would_stutter_except_the_reference_own():
     t = torch.tensor([[5, 6, 5, 6, 7, 2, PAD, PAD], [9, 9, 4, 2, PAD, PAD, PAD, PAD]])
-    pos, tok = stutter_candidates(t, PAD, 4)
+    pos, tok = repeat_candidates(t, PAD, 4)
     # "5 6 5 6": after it, 6 repeats the last token and 5 repeats "6 5"; "9 9" is the reference's own repeat
     assert list(zip(pos, tok)) == [(1, 5), (2, 6), (3, 5), (4, 5), (4, 6), (5, 7), (10, 9), (11, 4)]
     rng = random.Random(0)
@@ -32,9 +37,14 @@ def test_candidates_are_the_tokens_that_would_stutter_except_the_reference_own()
         rows = [[rng.randint(3, 6) for _ in range(rng.randint(1, 12))] + [2] for _ in range(3)]
         width = max(map(len, rows))
         batch = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
-        got = set(zip(*stutter_candidates(batch, PAD, 3)))
+        got = set(zip(*repeat_candidates(batch, PAD, 3)))
         want = {(b * width + t, v) for b, r in enumerate(rows) for t in range(len(r)) for v in range(3, 7)
                 if v != r[t] and ends_with_a_run_twice(r[:t] + [v], 3)}
+        assert got == want
+        # with n-grams: also every token that completes a trigram the prefix already holds
+        got = set(zip(*repeat_candidates(batch, PAD, 3, ngram=3)))
+        want = {(b * width + t, v) for b, r in enumerate(rows) for t in range(len(r)) for v in range(3, 7)
+                if v != r[t] and (ends_with_a_run_twice(r[:t] + [v], 3) or repeats_an_ngram(r[:t] + [v], 3))}
         assert got == want
 
 
@@ -43,7 +53,7 @@ def test_loss_is_the_sum_of_minus_log_one_minus_p_over_the_candidates():
     t = torch.tensor([[5, 6, 5, 6, 7, 2, PAD, PAD], [9, 9, 4, 2, PAD, PAD, PAD, PAD]])
     logits = torch.randn(2, 8, 12)
     want = sum(-torch.log(1 - F.softmax(logits.view(-1, 12)[p], -1)[v])
-               for p, v in zip(*stutter_candidates(t, PAD, 4)))
+               for p, v in zip(*repeat_candidates(t, PAD, 4)))
     torch.testing.assert_close(unlikelihood_loss(logits, t, PAD, 4), want)
     # "5 5": the only stutter is the reference's own
     assert float(unlikelihood_loss(logits[:1, :2], torch.tensor([[5, 5]]), PAD, 4)) == 0.0
@@ -56,7 +66,7 @@ def candidate_probability(model, tok, pairs, cfg) -> float:
                                             cfg.pad_id, cfg.bos_id, cfg.eos_id, torch.device("cpu"))
     with torch.no_grad():
         logits = model(src, src_len, tgt_in, None, torch.full((len(pairs),), cfg.default_delta))
-    pos, tokens = stutter_candidates(tgt_out, cfg.pad_id, 12)
+    pos, tokens = repeat_candidates(tgt_out, cfg.pad_id, 12)
     p = F.softmax(logits.reshape(-1, logits.shape[-1])[torch.tensor(pos)].float(), -1)
     return float(p.gather(1, torch.tensor(tokens).view(-1, 1)).mean())
 
@@ -73,6 +83,6 @@ def test_training_with_the_term_lowers_the_probability_of_stutters(word_tok, tmp
 
 def test_recipes_take_the_weight(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("output: x\nmodel: {}\nunlikelihood: 0.5\nunlikelihood_stutter: 4\n")
+    recipe.write_text("output: x\nmodel: {}\nunlikelihood: 0.5\nunlikelihood_stutter: 4\nunlikelihood_ngram: 3\n")
     tc = load_train_config(recipe, cuda_available=False)
-    assert (tc.unlikelihood, tc.unlikelihood_stutter) == (0.5, 4)
+    assert (tc.unlikelihood, tc.unlikelihood_stutter, tc.unlikelihood_ngram) == (0.5, 4, 3)

@@ -62,10 +62,11 @@ class TrainConfig:
     # GMA: each training sentence's δ drawn from this list (repeat a value to weight it), so one model
     # stays good at every δ the server offers; None: the model's δ (or the curriculum's) throughout
     delta_sample: list | None = None
-    # weight of the unlikelihood term on stutters (models/training/unlikelihood.py; 0: off) and the
-    # longest run of subwords it counts
+    # weight of the unlikelihood term on repeats (models/training/unlikelihood.py; 0: off), the longest
+    # run of subwords it counts as a stutter, and the n-gram it counts as a repeat anywhere (0: none)
     unlikelihood: float = 0.0
     unlikelihood_stutter: int = 12
+    unlikelihood_ngram: int = 0
     threads: int | None = None
     device: str = "auto"
     extra: dict = field(default_factory=dict)
@@ -180,8 +181,8 @@ def train_delta(cfg: ModelConfig, b: int, device, delta) -> torch.Tensor | None:
 
 
 def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta=None,
-               unlikelihood: float = 0.0, stutter: int = 12):
-    """The batch's summed cross-entropy (plus `unlikelihood` times the stutter term, when set) and
+               unlikelihood: float = 0.0, stutter: int = 12, ngram: int = 0):
+    """The batch's summed cross-entropy (plus `unlikelihood` times the repeat term, when set) and
     its number of target tokens."""
     src, src_len, tgt_in, tgt_out = batch
     b = src.shape[0]
@@ -192,7 +193,7 @@ def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, 
     loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt_out.view(-1),
                            ignore_index=cfg.pad_id, label_smoothing=smoothing, reduction="sum")
     if unlikelihood:
-        loss = loss + unlikelihood * unlikelihood_loss(logits, tgt_out, cfg.pad_id, stutter)
+        loss = loss + unlikelihood * unlikelihood_loss(logits, tgt_out, cfg.pad_id, stutter, ngram)
     return loss, ntok
 
 
@@ -419,7 +420,8 @@ class Trainer:
                                                                     delta)
                         else:
                             loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing, delta,
-                                                    tc.unlikelihood, tc.unlikelihood_stutter)
+                                                    tc.unlikelihood, tc.unlikelihood_stutter,
+                                                    tc.unlikelihood_ngram)
                     self.opt.zero_grad(set_to_none=True)
                     if calibrating:  # the two losses' gradients kept apart (mask vs everything else)
                         calibration_backward(self.model, loss, ntok, loss_m, self.scaler.scale)

@@ -1,41 +1,48 @@
-"""Unlikelihood on stutters: a training term that lowers the probability the model gives to the
+"""Unlikelihood on repeats: a training term that lowers the probability the model gives to the
 token that would make its translation repeat the run it just wrote ("at eight o'clock at eight
 o'clock"), so it stutters less without a decoding rule.
 
 At every target position the candidates are the tokens `models.decoding.stutter_tokens` bans after the
 reference prefix (the token m places back, for each run length m <= n whose m-1 tokens before it
-repeat), less the reference's own next token: a repeat the reference makes ("very very") is never
-penalised. The term is Welleck et al.'s token-level unlikelihood, -log(1 - p(candidate)), summed over
-positions and candidates, and added to the cross-entropy with weight `alpha` (TrainConfig.unlikelihood).
+repeat) and, when `ngram` is set, those `models.decoding.banned_tokens` bans (they would complete an
+n-gram the prefix already holds: a repeat anywhere in the sentence), less the reference's own next
+token: a repeat the reference makes ("very very") is never penalised. The term is Welleck et al.'s
+token-level unlikelihood, -log(1 - p(candidate)), summed over positions and candidates, and added to the
+cross-entropy with a weight (TrainConfig.unlikelihood).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from models.decoding import stutter_tokens
+from models.decoding import banned_tokens, stutter_tokens
 
 
-def stutter_candidates(tgt_out: torch.Tensor, pad_id: int, n: int) -> tuple[list[int], list[int]]:
+def repeat_candidates(tgt_out: torch.Tensor, pad_id: int, n: int, ngram: int = 0) -> tuple[list[int], list[int]]:
     """(flat position, token) pairs of a (B, T) batch of reference outputs: the tokens that would
-    stutter at each position, given the reference before it, except the reference's own token."""
+    stutter (runs of up to n) or repeat an `ngram` (0: not counted) at each position, given the
+    reference before it, except the reference's own token."""
     positions, tokens = [], []
     width = tgt_out.shape[1]
     for b, row in enumerate(tgt_out.tolist()):
         for t, gold in enumerate(row):
             if gold == pad_id:
                 break
-            for tok in stutter_tokens(row[:t], n):
+            bans = set(stutter_tokens(row[:t], n))
+            if ngram:
+                bans.update(banned_tokens(row[:t], ngram))
+            for tok in sorted(bans):
                 if tok != gold:
                     positions.append(b * width + t)
                     tokens.append(tok)
     return positions, tokens
 
 
-def unlikelihood_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int, n: int) -> torch.Tensor:
-    """Sum over a batch of -log(1 - p(c)) for every stutter candidate c (`stutter_candidates`);
-    logits (B, T, V) are the model's scores for `tgt_out` (B, T) under teacher forcing."""
-    positions, tokens = stutter_candidates(tgt_out, pad_id, n)
+def unlikelihood_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int, n: int,
+                      ngram: int = 0) -> torch.Tensor:
+    """Sum over a batch of -log(1 - p(c)) for every candidate c (`repeat_candidates`); logits
+    (B, T, V) are the model's scores for `tgt_out` (B, T) under teacher forcing."""
+    positions, tokens = repeat_candidates(tgt_out, pad_id, n, ngram)
     if not positions:
         return logits.new_zeros((), dtype=torch.float32)
     flat = logits.reshape(-1, logits.shape[-1])
