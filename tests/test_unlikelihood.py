@@ -86,3 +86,75 @@ def test_recipes_take_the_weight(tmp_path):
     recipe.write_text("output: x\nmodel: {}\nunlikelihood: 0.5\nunlikelihood_stutter: 4\nunlikelihood_ngram: 3\n")
     tc = load_train_config(recipe, cuda_available=False)
     assert (tc.unlikelihood, tc.unlikelihood_stutter, tc.unlikelihood_ngram) == (0.5, 4, 3)
+
+
+def divergence(model, start, tok, pairs) -> float:
+    """Mean KL(start || model) per target token of `pairs` under teacher forcing."""
+    cfg = model.cfg
+    examples = encode_pairs(pairs, tok, cfg.max_positions)
+    src, src_len, tgt_in, tgt_out = collate(examples, list(range(len(examples))), cfg.pad_id, cfg.bos_id,
+                                            cfg.eos_id, torch.device("cpu"))
+    delta = torch.full((src.shape[0],), cfg.default_delta)
+    with torch.no_grad():
+        p = F.log_softmax(start(src, src_len, tgt_in, None, delta), -1)
+        q = F.log_softmax(model.eval()(src, src_len, tgt_in, None, delta), -1)
+    keep = tgt_out != cfg.pad_id
+    return float((p.exp() * (p - q)).sum(-1)[keep].mean())
+
+
+def test_distillation_from_the_start_holds_the_model_where_it_was(word_tok, tmp_path):
+    """teacher = the starting weights: 30 updates of distillation change the model's predictions on
+    held-out pairs far less than 30 of cross-entropy on the same batches do."""
+    run(word_tok, tmp_path / "start", "gma", max_steps=40, max_epochs=10)
+    start_dir = str(tmp_path / "start" / "checkpoint")
+    start = load_checkpoint(start_dir)[0]
+    held_out = make_pairs(40, seed=7)
+    moved = {}
+    for name, extra in (("ce", {}), ("kd", {"teacher": start_dir, "teacher_weight": 1.0})):
+        trainer, _ = run(word_tok, tmp_path / name, "gma", max_steps=30, max_epochs=10, init_from=start_dir,
+                         **extra)
+        moved[name] = divergence(trainer.model, start, word_tok, held_out)
+    assert moved["kd"] < 0.25 * moved["ce"]
+
+
+def test_distillation_loss_is_the_kl_to_the_teacher(word_tok, tmp_path):
+    from models.training.train import batch_loss
+    run(word_tok, tmp_path / "t", "gma", max_steps=20, max_epochs=10)
+    teacher = load_checkpoint(tmp_path / "t" / "checkpoint")[0]
+    torch.manual_seed(1)
+    student = load_checkpoint(tmp_path / "t" / "checkpoint")[0]
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    cfg = student.cfg
+    pairs = make_pairs(6, seed=3)
+    examples = encode_pairs(pairs, word_tok, cfg.max_positions)
+    batch = collate(examples, list(range(len(examples))), cfg.pad_id, cfg.bos_id, cfg.eos_id, torch.device("cpu"))
+    with torch.no_grad():
+        kd, n = batch_loss(student, batch, cfg, None, 0.1, None, teacher=teacher, teacher_weight=1.0)
+        ce, _ = batch_loss(student, batch, cfg, None, 0.1, None)
+        half, _ = batch_loss(student, batch, cfg, None, 0.1, None, teacher=teacher, teacher_weight=0.5)
+    src, src_len, tgt_in, tgt_out = batch
+    delta = torch.full((src.shape[0],), cfg.default_delta)
+    with torch.no_grad():
+        pt = F.log_softmax(teacher(src, src_len, tgt_in, None, delta), -1)
+        ps = F.log_softmax(student(src, src_len, tgt_in, None, delta), -1)
+    keep = tgt_out != cfg.pad_id
+    want = float((pt.exp() * (pt - ps)).sum(-1)[keep].sum())
+    assert abs(float(kd) - want) < 1e-3 * max(1.0, want) and want > 0
+    assert abs(float(half) - 0.5 * (float(kd) + float(ce))) < 1e-3 * float(ce)
+    # the teacher against itself: nothing to learn
+    with torch.no_grad():
+        same, _ = batch_loss(teacher, batch, cfg, None, 0.1, None, teacher=teacher, teacher_weight=1.0)
+    assert abs(float(same)) < 1e-4 * n
+
+
+def test_a_teacher_with_another_vocabulary_is_a_clear_error(word_tok, piece_tok, tmp_path):
+    import pytest
+    from models.errors import UserError
+    from models.training.train import load_teacher
+    run(word_tok, tmp_path / "t", "gma", max_steps=5, max_epochs=10)
+    teacher_cfg = load_checkpoint(tmp_path / "t" / "checkpoint")[0].cfg
+    other = teacher_cfg.from_dict(dict(teacher_cfg.to_dict(), vocab_size=teacher_cfg.vocab_size + 1))
+    with pytest.raises(UserError, match="same one"):
+        load_teacher(str(tmp_path / "t" / "checkpoint"), other, torch.device("cpu"))

@@ -67,6 +67,12 @@ class TrainConfig:
     unlikelihood: float = 0.0
     unlikelihood_stutter: int = 12
     unlikelihood_ngram: int = 0
+    # word-level distillation: a frozen checkpoint (same vocabulary) whose next-token distribution the
+    # model learns, weight `teacher_weight` against the reference's cross-entropy (1: the teacher alone).
+    # The teacher may be the starting weights: then only the other terms (unlikelihood) move the model,
+    # and the distillation keeps it where it was elsewhere
+    teacher: str | None = None
+    teacher_weight: float = 1.0
     threads: int | None = None
     device: str = "auto"
     extra: dict = field(default_factory=dict)
@@ -181,20 +187,37 @@ def train_delta(cfg: ModelConfig, b: int, device, delta) -> torch.Tensor | None:
 
 
 def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, delta=None,
-               unlikelihood: float = 0.0, stutter: int = 12, ngram: int = 0):
-    """The batch's summed cross-entropy (plus `unlikelihood` times the repeat term, when set) and
-    its number of target tokens."""
+               unlikelihood: float = 0.0, stutter: int = 12, ngram: int = 0, teacher=None,
+               teacher_weight: float = 1.0):
+    """The batch's summed cross-entropy (mixed with the distillation term when a `teacher` is given,
+    plus `unlikelihood` times the repeat term, when set) and its number of target tokens."""
     src, src_len, tgt_in, tgt_out = batch
     b = src.shape[0]
     kk = torch.full((b,), k, device=src.device) if k is not None else None
     delta = train_delta(cfg, b, src.device, delta)
     logits = model(src, src_len, tgt_in, kk, delta)
     ntok = int((tgt_out != cfg.pad_id).sum())
-    loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt_out.view(-1),
-                           ignore_index=cfg.pad_id, label_smoothing=smoothing, reduction="sum")
+    flat = logits.float().view(-1, logits.shape[-1])
+    loss = F.cross_entropy(flat, tgt_out.view(-1), ignore_index=cfg.pad_id, label_smoothing=smoothing,
+                           reduction="sum")
+    if teacher is not None:
+        loss = (1 - teacher_weight) * loss + teacher_weight * distillation_loss(teacher, batch, cfg, kk, delta, flat)
     if unlikelihood:
         loss = loss + unlikelihood * unlikelihood_loss(logits, tgt_out, cfg.pad_id, stutter, ngram)
     return loss, ntok
+
+
+def distillation_loss(teacher, batch, cfg: ModelConfig, kk, delta, flat: torch.Tensor) -> torch.Tensor:
+    """Summed KL(teacher || model) over the batch's target tokens; `flat` the model's (B*T, V) logits.
+    The teacher sees what its own policy reads: wait-k's k, GMA's δ, or neither."""
+    src, src_len, tgt_in, tgt_out = batch
+    tcfg = teacher.cfg
+    with torch.no_grad():
+        t_logits = teacher(src, src_len, tgt_in, kk if tcfg.attention == "waitk" else None,
+                           delta if tcfg.attention == "gma" else None)
+    keep = (tgt_out != cfg.pad_id).view(-1)
+    t_logp = F.log_softmax(t_logits.float().view(-1, flat.shape[-1])[keep], -1)
+    return F.kl_div(F.log_softmax(flat[keep], -1), t_logp, log_target=True, reduction="sum")
 
 
 def is_mask_parameter(name: str) -> bool:
@@ -265,6 +288,18 @@ def validation_loss(model, cfg: ModelConfig, examples, max_tokens: int, device=N
     return total / max(ntok, 1)
 
 
+def load_teacher(path: str, cfg: ModelConfig, device) -> Transformer:
+    """The frozen distillation teacher at `path`; its vocabulary must be the model's."""
+    from models.checkpoint import load_checkpoint
+    teacher, _, _ = load_checkpoint(path, device=device)
+    if teacher.cfg.vocab_size != cfg.vocab_size:
+        raise UserError(f"teacher {path} has a vocabulary of {teacher.cfg.vocab_size}, the model {cfg.vocab_size}: "
+                        "distillation needs the same one")
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher.eval()
+
+
 class Trainer:
     def __init__(self, tc: TrainConfig, tokenizer: Tokenizer | None = None,
                  train_pairs=None, valid_pairs=None, progress: bool = True):
@@ -301,6 +336,9 @@ class Trainer:
             init, _, info = load_checkpoint(tc.init_from)
             self._load_matching(init.state_dict())
             self.init_steps = int(info.get("steps", 0)) + int(info.get("init_steps", 0))
+        self.teacher = None
+        if tc.teacher:
+            self.teacher = load_teacher(tc.teacher, self.cfg, self.device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas), eps=1e-8)
         self.step, self.epoch, self.position = 0, 0, 0
         self.amp_dtype = None
@@ -421,7 +459,7 @@ class Trainer:
                         else:
                             loss, ntok = batch_loss(self.net, batch, cfg, k, tc.label_smoothing, delta,
                                                     tc.unlikelihood, tc.unlikelihood_stutter,
-                                                    tc.unlikelihood_ngram)
+                                                    tc.unlikelihood_ngram, self.teacher, tc.teacher_weight)
                     self.opt.zero_grad(set_to_none=True)
                     if calibrating:  # the two losses' gradients kept apart (mask vs everything else)
                         calibration_backward(self.model, loss, ntok, loss_m, self.scaler.scale)
