@@ -158,3 +158,19 @@ def test_a_teacher_with_another_vocabulary_is_a_clear_error(word_tok, piece_tok,
     other = teacher_cfg.from_dict(dict(teacher_cfg.to_dict(), vocab_size=teacher_cfg.vocab_size + 1))
     with pytest.raises(UserError, match="same one"):
         load_teacher(str(tmp_path / "t" / "checkpoint"), other, torch.device("cpu"))
+
+
+def test_train_only_trains_the_matching_parameters_and_nothing_else(word_tok, tmp_path):
+    import pytest
+    from models.errors import UserError
+    run(word_tok, tmp_path / "start", "gma", max_steps=10, max_epochs=10)
+    start_dir = str(tmp_path / "start" / "checkpoint")
+    start = load_checkpoint(start_dir)[0].state_dict()
+    trainer, _ = run(word_tok, tmp_path / "part", "gma", max_steps=10, max_epochs=10, init_from=start_dir,
+                     train_only=["decoder.1.ffn.*", "decoder.1.ln3.*"], unlikelihood=1.0)
+    after = trainer.model.state_dict()
+    for name in start:
+        same = torch.equal(after[name].float(), start[name].float())
+        assert same != (name.startswith(("decoder.1.ffn.", "decoder.1.ln3."))), name
+    with pytest.raises(UserError, match="matches no parameter"):
+        run(word_tok, tmp_path / "none", "gma", max_steps=1, max_epochs=10, train_only=["nothing.*"])

@@ -9,6 +9,7 @@ Everything the loop saves is safetensors + JSON (no pickles):
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -73,6 +74,9 @@ class TrainConfig:
     # and the distillation keeps it where it was elsewhere
     teacher: str | None = None
     teacher_weight: float = 1.0
+    # train only the parameters whose names match one of these patterns (fnmatch, "decoder.2.ffn.*"), the
+    # rest frozen; None: all of them
+    train_only: list | None = None
     threads: int | None = None
     device: str = "auto"
     extra: dict = field(default_factory=dict)
@@ -300,6 +304,24 @@ def load_teacher(path: str, cfg: ModelConfig, device) -> Transformer:
     return teacher.eval()
 
 
+def freeze_all_but(model, patterns: list | None) -> list:
+    """The parameters to train: those matching `patterns` (fnmatch on their names; the rest stop taking
+    gradients), or all of them when `patterns` is None."""
+    if patterns is None:
+        return list(model.parameters())
+    if isinstance(patterns, str) or not isinstance(patterns, list):
+        raise UserError(f"train_only must be a list of parameter name patterns, got {patterns!r}")
+    trained = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(fnmatch.fnmatchcase(name, pat) for pat in patterns))
+        if p.requires_grad:
+            trained.append(p)
+    if not trained:
+        raise UserError(f"train_only {patterns} matches no parameter (names look like "
+                        f"{next(iter(dict(model.named_parameters())))!r})")
+    return trained
+
+
 class Trainer:
     def __init__(self, tc: TrainConfig, tokenizer: Tokenizer | None = None,
                  train_pairs=None, valid_pairs=None, progress: bool = True):
@@ -339,7 +361,8 @@ class Trainer:
         self.teacher = None
         if tc.teacher:
             self.teacher = load_teacher(tc.teacher, self.cfg, self.device)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas), eps=1e-8)
+        trained = freeze_all_but(self.model, tc.train_only)
+        self.opt = torch.optim.Adam(trained, lr=tc.lr, betas=tuple(tc.betas), eps=1e-8)
         self.step, self.epoch, self.position = 0, 0, 0
         self.amp_dtype = None
         if self.device.type == "cuda":
