@@ -174,3 +174,14 @@ def test_train_only_trains_the_matching_parameters_and_nothing_else(word_tok, tm
         assert same != (name.startswith(("decoder.1.ffn.", "decoder.1.ln3."))), name
     with pytest.raises(UserError, match="matches no parameter"):
         run(word_tok, tmp_path / "none", "gma", max_steps=1, max_epochs=10, train_only=["nothing.*"])
+
+
+def test_bad_settings_are_clear_errors(word_tok, tmp_path):
+    import pytest
+    from models.errors import UserError
+    for bad, message in (({"unlikelihood": -1.0}, "unlikelihood must be"),
+                         ({"unlikelihood_stutter": 40}, "unlikelihood_stutter must be"),
+                         ({"unlikelihood_ngram": 2.5}, "unlikelihood_ngram must be"),
+                         ({"teacher_weight": 1.5}, "teacher_weight must be")):
+        with pytest.raises(UserError, match=message):
+            run(word_tok, tmp_path / "x", "gma", max_steps=1, max_epochs=1, **bad)

@@ -292,6 +292,20 @@ def validation_loss(model, cfg: ModelConfig, examples, max_tokens: int, device=N
     return total / max(ntok, 1)
 
 
+def check_training_terms(tc: TrainConfig, cfg: ModelConfig) -> None:
+    """Clear errors for the unlikelihood and distillation settings before any data is read."""
+    if isinstance(tc.unlikelihood, bool) or not isinstance(tc.unlikelihood, (int, float)) or tc.unlikelihood < 0:
+        raise UserError(f"unlikelihood must be a weight >= 0 (0: off), got {tc.unlikelihood!r}")
+    for key in ("unlikelihood_stutter", "unlikelihood_ngram"):
+        value = getattr(tc, key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 16:
+            raise UserError(f"{key} must be an integer from 0 (off) to 16, got {value!r}")
+    if not isinstance(tc.teacher_weight, (int, float)) or not 0 <= tc.teacher_weight <= 1:
+        raise UserError(f"teacher_weight must be from 0 to 1, got {tc.teacher_weight!r}")
+    if (tc.unlikelihood or tc.teacher) and cfg.variant.kind == "calibration":
+        raise UserError("unlikelihood and teacher do not combine with the calibration variant's two losses")
+
+
 def load_teacher(path: str, cfg: ModelConfig, device) -> Transformer:
     """The frozen distillation teacher at `path`; its vocabulary must be the model's."""
     from models.checkpoint import load_checkpoint
@@ -344,6 +358,7 @@ class Trainer:
         self.cfg = ModelConfig.from_dict(mcfg)
         check_delta_curriculum(tc.delta_curriculum, self.cfg.attention)
         check_delta_sample(tc.delta_sample, tc.delta_curriculum, self.cfg.attention)
+        check_training_terms(tc, self.cfg)
         if train_pairs is None:
             train_pairs = read_parallel(data / "train", tc.src_lang, tc.tgt_lang)
             valid_pairs = read_parallel(data / "valid", tc.src_lang, tc.tgt_lang)
