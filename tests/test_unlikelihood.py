@@ -59,16 +59,26 @@ def test_loss_is_the_sum_of_minus_log_one_minus_p_over_the_candidates():
     assert float(unlikelihood_loss(logits[:1, :2], torch.tensor([[5, 5]]), PAD, 4)) == 0.0
 
 
-def candidate_probability(model, tok, pairs, cfg) -> float:
-    """Mean probability the model gives the stutter candidates of `pairs` under teacher forcing."""
+def one_batch(tok, pairs, cfg):
+    """`pairs` encoded and collated as training collates them, all in one batch, on the CPU."""
     examples = encode_pairs(pairs, tok, cfg.max_positions)
-    src, src_len, tgt_in, tgt_out = collate(examples, list(range(len(examples))),
-                                            cfg.pad_id, cfg.bos_id, cfg.eos_id, torch.device("cpu"))
+    return collate(examples, list(range(len(examples))), cfg.pad_id, cfg.bos_id, cfg.eos_id, torch.device("cpu"))
+
+
+def log_probs(model, batch) -> torch.Tensor:
+    """(B, T, V) next-token log-probabilities of a GMA `model` at its own δ under teacher forcing."""
+    src, src_len, tgt_in, _ = batch
     with torch.no_grad():
-        logits = model(src, src_len, tgt_in, None, torch.full((len(pairs),), cfg.default_delta))
-    pos, tokens = repeat_candidates(tgt_out, cfg.pad_id, 12)
-    p = F.softmax(logits.reshape(-1, logits.shape[-1])[torch.tensor(pos)].float(), -1)
-    return float(p.gather(1, torch.tensor(tokens).view(-1, 1)).mean())
+        logits = model.eval()(src, src_len, tgt_in, None, torch.full((src.shape[0],), model.cfg.default_delta))
+    return F.log_softmax(logits.float(), -1)
+
+
+def candidate_probability(model, tok, pairs) -> float:
+    """Mean probability the model gives the stutter candidates of `pairs` under teacher forcing."""
+    batch = one_batch(tok, pairs, model.cfg)
+    logp = log_probs(model, batch)
+    pos, tokens = repeat_candidates(batch[3], model.cfg.pad_id, 12)
+    return float(logp.reshape(-1, logp.shape[-1])[torch.tensor(pos), torch.tensor(tokens)].exp().mean())
 
 
 def test_training_with_the_term_lowers_the_probability_of_stutters(word_tok, tmp_path):
@@ -77,7 +87,7 @@ def test_training_with_the_term_lowers_the_probability_of_stutters(word_tok, tmp
     for weight in (0.0, 2.0):
         run(word_tok, tmp_path / str(weight), "gma", max_steps=40, max_epochs=10, unlikelihood=weight)
         model, _, _ = load_checkpoint(tmp_path / str(weight) / "checkpoint")
-        probs[weight] = candidate_probability(model, word_tok, held_out, model.cfg)
+        probs[weight] = candidate_probability(model, word_tok, held_out)
     assert probs[2.0] < 0.7 * probs[0.0]
 
 
@@ -90,15 +100,9 @@ def test_recipes_take_the_weight(tmp_path):
 
 def divergence(model, start, tok, pairs) -> float:
     """Mean KL(start || model) per target token of `pairs` under teacher forcing."""
-    cfg = model.cfg
-    examples = encode_pairs(pairs, tok, cfg.max_positions)
-    src, src_len, tgt_in, tgt_out = collate(examples, list(range(len(examples))), cfg.pad_id, cfg.bos_id,
-                                            cfg.eos_id, torch.device("cpu"))
-    delta = torch.full((src.shape[0],), cfg.default_delta)
-    with torch.no_grad():
-        p = F.log_softmax(start(src, src_len, tgt_in, None, delta), -1)
-        q = F.log_softmax(model.eval()(src, src_len, tgt_in, None, delta), -1)
-    keep = tgt_out != cfg.pad_id
+    batch = one_batch(tok, pairs, model.cfg)
+    p, q = log_probs(start, batch), log_probs(model, batch)
+    keep = batch[3] != model.cfg.pad_id
     return float((p.exp() * (p - q)).sum(-1)[keep].mean())
 
 
@@ -127,19 +131,13 @@ def test_distillation_loss_is_the_kl_to_the_teacher(word_tok, tmp_path):
         for p in student.parameters():
             p.add_(0.05 * torch.randn_like(p))
     cfg = student.cfg
-    pairs = make_pairs(6, seed=3)
-    examples = encode_pairs(pairs, word_tok, cfg.max_positions)
-    batch = collate(examples, list(range(len(examples))), cfg.pad_id, cfg.bos_id, cfg.eos_id, torch.device("cpu"))
+    batch = one_batch(word_tok, make_pairs(6, seed=3), cfg)
     with torch.no_grad():
         kd, n = batch_loss(student, batch, cfg, None, 0.1, None, teacher=teacher, teacher_weight=1.0)
         ce, _ = batch_loss(student, batch, cfg, None, 0.1, None)
         half, _ = batch_loss(student, batch, cfg, None, 0.1, None, teacher=teacher, teacher_weight=0.5)
-    src, src_len, tgt_in, tgt_out = batch
-    delta = torch.full((src.shape[0],), cfg.default_delta)
-    with torch.no_grad():
-        pt = F.log_softmax(teacher(src, src_len, tgt_in, None, delta), -1)
-        ps = F.log_softmax(student(src, src_len, tgt_in, None, delta), -1)
-    keep = tgt_out != cfg.pad_id
+    pt, ps = log_probs(teacher, batch), log_probs(student, batch)
+    keep = batch[3] != cfg.pad_id
     want = float((pt.exp() * (pt - ps)).sum(-1)[keep].sum())
     assert abs(float(kd) - want) < 1e-3 * max(1.0, want) and want > 0
     assert abs(float(half) - 0.5 * (float(kd) + float(ce))) < 1e-3 * float(ce)

@@ -207,7 +207,7 @@ def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, 
     if teacher is not None:
         loss = (1 - teacher_weight) * loss + teacher_weight * distillation_loss(teacher, batch, cfg, kk, delta, flat)
     if unlikelihood:
-        loss = loss + unlikelihood * unlikelihood_loss(logits, tgt_out, cfg.pad_id, stutter, ngram)
+        loss = loss + unlikelihood * unlikelihood_loss(flat, tgt_out, cfg.pad_id, stutter, ngram)
     return loss, ntok
 
 

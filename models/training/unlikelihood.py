@@ -41,12 +41,11 @@ def repeat_candidates(tgt_out: torch.Tensor, pad_id: int, n: int, ngram: int = 0
 def unlikelihood_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int, n: int,
                       ngram: int = 0) -> torch.Tensor:
     """Sum over a batch of -log(1 - p(c)) for every candidate c (`repeat_candidates`); logits
-    (B, T, V) are the model's scores for `tgt_out` (B, T) under teacher forcing."""
+    (B, T, V), or (B*T, V) flattened, are the model's scores for `tgt_out` (B, T) under teacher forcing."""
     positions, tokens = repeat_candidates(tgt_out, pad_id, n, ngram)
     if not positions:
         return logits.new_zeros((), dtype=torch.float32)
-    flat = logits.reshape(-1, logits.shape[-1])
-    rows = flat[torch.tensor(positions, device=logits.device)].float()
+    rows = logits.reshape(-1, logits.shape[-1])[torch.tensor(positions, device=logits.device)].float()
     p = F.softmax(rows, -1).gather(1, torch.tensor(tokens, device=logits.device).view(-1, 1))
     # clamped: a candidate the model is sure of gives a large but finite gradient
     return -torch.log1p(-p.clamp(max=1 - 1e-6)).sum()
