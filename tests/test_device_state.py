@@ -130,15 +130,20 @@ def test_cuda_graph_step_equals_cpu_eager(policy, trained_decoders):
 
 
 @pytest.mark.slow
-def test_server_with_the_compiled_step_streams_what_translate_writes(trained, trained_decoders):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (run on a GPU machine: docs/benchmarks.md)"))])
+def test_server_with_the_compiled_step_streams_what_translate_writes(device, trained, trained_decoders):
     """`simulserve serve --step compiled` (here the same setting in a real uvicorn server): three
-    concurrent streams (batched and padded) receive what simulate() writes for each alone."""
+    concurrent streams (batched and padded) receive what simulate() writes for each alone. On CUDA the
+    step records CUDA graphs in the engine's executor thread, as the server does (session 21's GPU check:
+    `bench server --step compiled` died there in the capture, while the same step in the test's own
+    thread, test_cuda_graph_step_equals_cpu_eager, passed)."""
     import asyncio
 
     from test_server import LiveServer, assert_matches, sentence_messages, talk
     sentences = SENTENCES[:4]
-    with LiveServer(models={"gma": str(trained["gma"])}, step="compiled", warmup=False, rate_limit=10000,
-                    rate_burst=10000) as srv:
+    with LiveServer(models={"gma": str(trained["gma"])}, step="compiled", device=device, warmup=device == "cuda",
+                    rate_limit=10000, rate_burst=10000) as srv:
         async def main():
             return await asyncio.gather(*[
                 talk(srv.url, [{"type": "start", "model": "gma", "delta": d}] + sentence_messages(sentences)

@@ -75,6 +75,55 @@ def test_every_command_of_the_gpu_check_takes_its_options():
     assert syntax.returncode == 0, syntax.stderr
 
 
+def pack_wheels() -> list[str]:
+    """The WHEELS=(...) list of pack.sh, comments left out."""
+    text = (GPU / "pack.sh").read_text().split("WHEELS=(", 1)[1]
+    names = []
+    for line in text.splitlines():
+        code = line.split("#")[0]
+        names += code.split(")")[0].split()
+        if ")" in code:
+            return names
+    raise AssertionError("pack.sh: WHEELS=( is not closed")
+
+
+IMAGE_ONLY = """
+import importlib, importlib.abc, importlib.metadata as md, sys
+allowed = {line.strip().lower().replace("_", "-") for line in open(sys.argv[1]) if line.strip() and line[0] != "#"}
+owners = md.packages_distributions()
+class ImageOnly(importlib.abc.MetaPathFinder):
+    # refuses a top-level module whose distributions are all missing from the image and the wheels
+    def find_spec(self, name, path=None, target=None):
+        dists = owners.get(name.split(".")[0])
+        if "." in name or not dists or any(d.lower().replace("_", "-") in allowed for d in dists):
+            return None
+        raise ModuleNotFoundError(f"No module named {name!r} (not on the GPU image, not in pack.sh)", name=name)
+sys.meta_path.insert(0, ImageOnly())
+for module in sys.argv[2:]:
+    importlib.import_module(module)
+"""
+
+
+def test_what_the_gpu_check_imports_is_on_the_gpu_image_or_among_the_carried_wheels(tmp_path):
+    """The GPU machine has no package index: what the server, the CLI and training import must be on its
+    image (recipes/gpu/image_packages.txt) or among the wheels pack.sh carries. Two GPU checks lost their
+    server part to a missing wheel (opentelemetry-api, then httptools, which uvicorn's HTTP protocol,
+    subclassed by server/guard.py, imports); this imports those modules with everything else refused."""
+    names = pack_wheels()
+    image = [line for line in (GPU / "image_packages.txt").read_text().splitlines() if line and line[0] != "#"]
+    allowed = tmp_path / "allowed.txt"
+    allowed.write_text("\n".join(image + names + ["simulserve"]) + "\n")
+    modules = ["server.app", "server.bench", "clients.cli", "models.training.train", "models.benchmarks.engine"]
+    done = subprocess.run([sys.executable, "-c", IMAGE_ONLY, str(allowed), *modules], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the finder does refuse: without the wheels the server does not import
+    allowed.write_text("\n".join(image + ["simulserve"]) + "\n")
+    refused = subprocess.run([sys.executable, "-c", IMAGE_ONLY, str(allowed), "server.app"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "not on the GPU image" in refused.stderr
+
+
 def test_lease_script_checks_then_trains_runs_side_by_side_and_brings_back_at_most_8_files(word_tok, tmp_path):
     """lease.sh's CPU dry run: the check (budgets of a second: its parts are cut off, as on a GPU when one
     runs long), then two runs trained side by side from one unpacked data set, packed so that no more than
@@ -90,11 +139,15 @@ def test_lease_script_checks_then_trains_runs_side_by_side_and_brings_back_at_mo
     out = tmp_path / "out"
     env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out), "TRAIN_TAR": str(tmp_path / "train.tar.xz"),
            "TRAIN_DATA": str(tmp_path / "unpacked"), "STATE_ROOT": str(tmp_path / "state"), "TRAIN_MINUTES": "0.03",
-           **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP", "STEP_BF16", "ENGINE", "SERVER", "EVAL")}}
+           **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP_BF16", "ENGINE", "SERVER", "EVAL")}, "BUDGET_STEP": "0"}
     done = subprocess.run(["bash", str(GPU / "lease.sh"), "60", *recipes], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "## CUDA tests" in (out / "gpu_check.md").read_text()
+    report = (out / "gpu_check.md").read_text()
+    assert "## CUDA tests" in report
+    # a part given no budget is named as skipped; the others ran (and were cut off at their second)
+    assert re.search(r"## bench step, float32[^\n]*\n\nskipped: budget 0", report)
+    assert "stopped at its budget of 1 s" in report.split("## bench step, bfloat16", 1)[1]
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8, files
     for name in ("tiny_a", "tiny_b"):

@@ -43,6 +43,9 @@ say() { printf '%s\n' "$@" >> "$REPORT"; }
 step() {
   local title="$1" budget="$2"; shift 2
   local start=$SECONDS rc
+  if [ "$budget" = 0 ]; then   # a lease's choice: what it leaves out is said, not silently missing
+    say "" "## $title" "" "skipped: budget 0 (\`BUDGET_*=0\`)"; echo "== $title: skipped (budget 0)"; return
+  fi
   say "" "## $title" "" '```' "\$ $(printf '%q ' "$@" | sed 's|/tmp/simulserve-bin/||')"
   echo "== $title (budget ${budget}s)"
   timeout --kill-after=10 "$budget" "$@" 2>&1 | tee -a "$REPORT" | tail -n 40

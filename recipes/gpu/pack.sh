@@ -21,7 +21,8 @@ PY="${PY:-.venv/bin/python}"
 # installed here so the GPU runs what CI tests.
 WHEELS=(pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv
         fastapi starlette annotated-doc uvicorn websockets anyio typing_extensions
-        opentelemetry-api)   # fastapi >= 0.16x imports it (the first GPU check's server step died without it)
+        opentelemetry-api    # fastapi >= 0.16x imports it (the first GPU check's server step died without it)
+        httptools)           # uvicorn's HTTP protocol, which server/guard.py subclasses (the second one's did)
 
 case "$WHAT" in
 check)
