@@ -12,7 +12,7 @@ from models.checkpoint import load_checkpoint
 from models.data.synthetic import make_pairs
 from models.training.data_loading import collate, encode_pairs
 from models.training.train import load_train_config
-from models.training.unlikelihood import repeat_candidates, unlikelihood_loss
+from models.training.unlikelihood import repeat_candidates, stutter_candidates, unlikelihood_loss
 
 PAD = 0
 
@@ -46,6 +46,26 @@ def test_candidates_are_the_tokens_that_would_stutter_except_the_reference_own()
         want = {(b * width + t, v) for b, r in enumerate(rows) for t in range(len(r)) for v in range(3, 7)
                 if v != r[t] and (ends_with_a_run_twice(r[:t] + [v], 3) or repeats_an_ngram(r[:t] + [v], 3))}
         assert got == want
+
+
+def test_tensor_candidates_equal_the_python_search_on_random_batches():
+    """stutter_candidates (what training runs) against repeat_candidates (the per-position search): the
+    same (position, token) set, each pair once, on random padded batches with many repeats."""
+    rng = random.Random(1)
+    for trial in range(60):
+        n = (1, 2, 3, 5, 12)[trial % 5]
+        rows = [[rng.randint(3, 5 + trial % 4) for _ in range(rng.randint(1, 30))] + [2] for _ in range(4)]
+        width = max(map(len, rows)) + rng.randint(0, 3)
+        batch = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+        tokens, mask = stutter_candidates(batch, PAD, n)
+        got = [(p // n, int(v)) for p, v in zip(mask.reshape(-1).nonzero().squeeze(1).tolist(),
+                                                 tokens.reshape(-1)[mask.reshape(-1)])]
+        assert len(got) == len(set(got))
+        assert set(got) == set(zip(*repeat_candidates(batch, PAD, n)))
+        logits = torch.randn(*batch.shape, 10)
+        want = sum((-torch.log(1 - F.softmax(logits.view(-1, 10)[p], -1)[v])
+                    for p, v in zip(*repeat_candidates(batch, PAD, n))), torch.tensor(0.0))
+        torch.testing.assert_close(unlikelihood_loss(logits, batch, PAD, n), want)
 
 
 def test_loss_is_the_sum_of_minus_log_one_minus_p_over_the_candidates():
