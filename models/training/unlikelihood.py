@@ -41,10 +41,10 @@ def repeat_candidates(tgt_out: torch.Tensor, pad_id: int, n: int, ngram: int = 0
 def stutter_candidates(tgt_out: torch.Tensor, pad_id: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`repeat_candidates` without n-grams, as tensors on tgt_out's device: (B, T, n) tokens and a mask of
     the real candidates, one slot per run length m (the token m places back), each token once per
-    position. A few dozen element-wise operations instead of a Python loop over every position: on a
-    GPU the loop and its host copy cost more than the model's step (session 21)."""
+    position. A few dozen element-wise operations on the batch's device instead of a Python loop over
+    every position, which on a GPU also waits each step for the batch to reach the host."""
     b, t = tgt_out.shape
-    alive = (tgt_out != pad_id).long().cumprod(1).bool()   # up to and including the first pad's predecessor
+    alive = (tgt_out != pad_id).long().cumprod(1).bool()   # the positions before the first pad
     pos = torch.arange(t, device=tgt_out.device)
 
     def back(s: int) -> torch.Tensor:   # tgt_out[:, t - s] at position t (anything where t < s)
