@@ -1,10 +1,11 @@
-"""How long the unlikelihood term's candidate search and loss take per training batch: the Python search
-(`repeat_candidates`, what session 21's GPU runs used) against the tensor one (`stutter_candidates`, what
-training uses now), on real 16 K-token batches of a prepared data set, with an 8,000-word vocabulary.
+"""How long the unlikelihood term takes per training batch with each candidate search: the per-position
+Python one (`repeat_candidates`, what session 21's GPU runs used) against the tensor one
+(`stutter_candidates`, what training uses now), both followed by the same `candidate_loss`, on real 16 K-token
+batches of a prepared data set, with an 8,000-word vocabulary.
 
     python recipes/unlikelihood_speed.py [--data data/de-en-everyday] [--device cpu|cuda] [--batches 20]
 
-Prints ms per batch for each, and checks that both give the same loss.
+Prints ms per batch for each (search and loss), and checks that both give the same loss.
 """
 from __future__ import annotations
 
@@ -14,28 +15,29 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.tokenizer import Tokenizer  # noqa: E402
 from models.training.data_loading import collate, encode_pairs, make_batches, read_parallel  # noqa: E402
-from models.training.unlikelihood import repeat_candidates, unlikelihood_loss  # noqa: E402
+from models.training.unlikelihood import (candidate_loss, repeat_candidates, stutter_candidates,  # noqa: E402
+                                         unlikelihood_loss)
 
 
 def python_loss(flat: torch.Tensor, tgt_out: torch.Tensor, pad: int, n: int) -> torch.Tensor:
-    """The loss as session 21's runs computed it: the per-position search, then the candidates' softmax."""
+    """The loss with the candidates of the per-position search."""
     positions, tokens = repeat_candidates(tgt_out, pad, n)
-    rows = flat[torch.tensor(positions, device=flat.device)].float()
-    p = F.softmax(rows, -1).gather(1, torch.tensor(tokens, device=flat.device).view(-1, 1))
-    return -torch.log1p(-p.clamp(max=1 - 1e-6)).sum()
+    tokens = torch.tensor(tokens, device=flat.device).view(-1, 1)
+    return candidate_loss(flat, tokens, torch.ones_like(tokens, dtype=torch.bool),
+                          torch.tensor(positions, device=flat.device))
 
 
-def timed(fn, device) -> tuple[float, torch.Tensor]:
+def timed(fn, device) -> tuple[float, object]:
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     out = fn()
-    float(out)   # the loss reaches the host, as the training step's logging does
+    if device.type == "cuda":
+        torch.cuda.synchronize()   # the work is done, as when the training step logs its loss
     return (time.perf_counter() - start) * 1000, out
 
 
@@ -52,18 +54,20 @@ def main() -> int:
     examples = encode_pairs(read_parallel(f"{a.data}/valid", "de", "en"), tok, 256)
     pad, bos, eos = (tok.special_ids[k] for k in ("pad_id", "bos_id", "eos_id"))
     gen = torch.Generator().manual_seed(0)
-    times = {"python": [], "tensor": []}
+    times = {"python search": [], "tensor search": [], "python search + loss": [], "tensor search + loss": []}
     for idx in make_batches(examples, a.max_tokens, 0, 0)[:a.batches]:
         _, _, _, tgt_out = collate(examples, idx, pad, bos, eos, device)
         flat = torch.randn(tgt_out.numel(), 8000, generator=gen).to(device)
+        times["python search"].append(timed(lambda: repeat_candidates(tgt_out, pad, a.n), device)[0])
+        times["tensor search"].append(timed(lambda: stutter_candidates(tgt_out, pad, a.n), device)[0])
         ms_py, loss_py = timed(lambda: python_loss(flat, tgt_out, pad, a.n), device)
         ms_t, loss_t = timed(lambda: unlikelihood_loss(flat, tgt_out, pad, a.n), device)
         torch.testing.assert_close(loss_t, loss_py, rtol=1e-4, atol=1e-3)
-        times["python"].append(ms_py)
-        times["tensor"].append(ms_t)
+        times["python search + loss"].append(ms_py)
+        times["tensor search + loss"].append(ms_t)
     for name, ts in times.items():
         ts = sorted(ts)
-        print(f"{name:>6}: median {ts[len(ts) // 2]:.1f} ms per batch, min {ts[0]:.1f} ({len(ts)} batches of "
+        print(f"{name:>20}: median {ts[len(ts) // 2]:.1f} ms per batch, min {ts[0]:.1f} ({len(ts)} batches of "
               f"<= {a.max_tokens} tokens, n = {a.n}, {device})")
     return 0
 

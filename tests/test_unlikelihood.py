@@ -50,7 +50,8 @@ def test_candidates_are_the_tokens_that_would_stutter_except_the_reference_own()
 
 def test_tensor_candidates_equal_the_python_search_on_random_batches():
     """stutter_candidates (what training runs) against repeat_candidates (the per-position search): the
-    same (position, token) set, each pair once, on random padded batches with many repeats."""
+    same (position, token) set, each pair once, on random padded batches with many repeats; the loss
+    of either search is the explicit sum over its candidates."""
     rng = random.Random(1)
     for trial in range(60):
         n = (1, 2, 3, 5, 12)[trial % 5]
@@ -66,6 +67,10 @@ def test_tensor_candidates_equal_the_python_search_on_random_batches():
         want = sum((-torch.log(1 - F.softmax(logits.view(-1, 10)[p], -1)[v])
                     for p, v in zip(*repeat_candidates(batch, PAD, n))), torch.tensor(0.0))
         torch.testing.assert_close(unlikelihood_loss(logits, batch, PAD, n), want)
+        # with n-grams (the per-position search): the same sum over its candidates
+        want = sum((-torch.log(1 - F.softmax(logits.view(-1, 10)[p], -1)[v])
+                    for p, v in zip(*repeat_candidates(batch, PAD, n, ngram=3))), torch.tensor(0.0))
+        torch.testing.assert_close(unlikelihood_loss(logits, batch, PAD, n, ngram=3), want)
 
 
 def test_loss_is_the_sum_of_minus_log_one_minus_p_over_the_candidates():

@@ -13,7 +13,6 @@ cross-entropy with a weight (TrainConfig.unlikelihood).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from models.decoding import banned_tokens, stutter_tokens
 
@@ -65,25 +64,32 @@ def stutter_candidates(tgt_out: torch.Tensor, pad_id: int, n: int) -> tuple[torc
     return torch.stack(tokens, -1), torch.stack(masks, -1)
 
 
+def candidate_loss(flat: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum of -log(1 - p(c)) over candidates: `flat` the (N, V) float logits, `tokens` and `mask` (K, c)
+    the candidates of `rows` (K row indices; None: every row, K = N)."""
+    # nearly every position has a candidate (repeating the last token), so every row's log-partition is
+    # taken, and the candidates' logits are gathered in place
+    lse = flat.logsumexp(-1, keepdim=True)
+    if rows is None:
+        logit, part = flat.gather(1, tokens), lse
+    else:
+        logit, part = flat[rows.unsqueeze(1), tokens], lse[rows]
+    # clamped: a candidate the model is sure of gives a large but finite gradient
+    p = (logit - part).exp().clamp(max=1 - 1e-6)
+    return (-torch.log1p(-p) * mask).sum()
+
+
 def unlikelihood_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int, n: int,
                       ngram: int = 0) -> torch.Tensor:
     """Sum over a batch of -log(1 - p(c)) for every candidate c (`repeat_candidates`); logits
-    (B, T, V), or (B*T, V) flattened, are the model's scores for `tgt_out` (B, T) under teacher forcing."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    if ngram:   # n-gram repeats: the Python search (off by default)
-        positions, tokens = repeat_candidates(tgt_out, pad_id, n, ngram)
-        if not positions:
-            return logits.new_zeros((), dtype=torch.float32)
-        rows = flat[torch.tensor(positions, device=logits.device)].float()
-        p = F.softmax(rows, -1).gather(1, torch.tensor(tokens, device=logits.device).view(-1, 1))
-        mask = None
-    else:
+    (B, T, V), or (B*T, V) flattened, are the model's scores for `tgt_out` (B, T) under teacher forcing.
+    Stutters alone are found by `stutter_candidates`; with `ngram`, by the per-position search."""
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    if not ngram:
         tokens, mask = stutter_candidates(tgt_out, pad_id, n)
-        # nearly every position has one (repeating the last token), so every row's log-partition is
-        # taken, with no index copy and no wait for the host
-        flat = flat.float()
-        p = (flat.gather(1, tokens.reshape(-1, n)) - flat.logsumexp(-1, keepdim=True)).exp()
-        mask = mask.reshape(-1, n)
-    # clamped: a candidate the model is sure of gives a large but finite gradient
-    terms = -torch.log1p(-p.clamp(max=1 - 1e-6))
-    return (terms if mask is None else terms * mask).sum()
+        return candidate_loss(flat, tokens.reshape(-1, n), mask.reshape(-1, n))
+    positions, tokens = repeat_candidates(tgt_out, pad_id, n, ngram)
+    rows = torch.tensor(positions, dtype=torch.long, device=flat.device)
+    tokens = torch.tensor(tokens, dtype=torch.long, device=flat.device).view(-1, 1)
+    return candidate_loss(flat, tokens, torch.ones_like(tokens, dtype=torch.bool), rows)
