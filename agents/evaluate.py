@@ -166,6 +166,17 @@ def plan_models(args) -> list[Model]:
     if args.label and len(args.label) != len(args.checkpoint):
         raise EvaluationError(f"--label given {len(args.label)} times for {len(args.checkpoint)} "
                               "checkpoints: give one label per checkpoint, or none")
+    given = getattr(args, "name", None)
+    if given:
+        if len(given) != len(args.checkpoint):
+            raise EvaluationError(f"--name given {len(given)} times for {len(args.checkpoint)} checkpoints: "
+                                  "give one name per checkpoint, or none")
+        for n in given:
+            if not n or n in (".", "..") or "/" in n or "\\" in n or n != n.strip():
+                raise EvaluationError(f"--name {n!r}: a name is part of file names, so it cannot be empty, "
+                                      "hold a slash or start or end with a space")
+        if len(set(given)) != len(given):
+            raise EvaluationError(f"--name: each checkpoint needs its own name, got {', '.join(given)}")
     models, names = [], set()
     for i, ckpt in enumerate(args.checkpoint):
         path = resolve_checkpoint(ckpt)
@@ -179,7 +190,7 @@ def plan_models(args) -> list[Model]:
             settings = [dict(beam=args.beam)]
         for s in settings:
             make_policy(cfg, **s)  # PolicyError for k < 1, δ < 0, ...
-        name = model_name(path)
+        name = given[i] if given else model_name(path)
         while name in names:
             name += "'"
         names.add(name)
@@ -388,6 +399,10 @@ def register(sub) -> None:
     p.add_argument("--label", action="append",
                    help="curve label per --checkpoint (default: its policy, so checkpoints of one "
                         "policy, e.g. one GMA model per δ, form one curve)")
+    p.add_argument("--name", action="append",
+                   help="the model's name in results.csv and the output files, per --checkpoint (default: its "
+                        "directory's name); a candidate run under a shipped model's name pairs row by row with "
+                        "that model's runs (recipes/gate_round.sh, recipes/decoding_table.py)")
     p.add_argument("--k", help="comma-separated wait-k lags for wait-k checkpoints, e.g. 1,3,5,7,9 "
                                "(default: the checkpoint's)")
     p.add_argument("--delta", help="comma-separated GMA offsets for GMA checkpoints, e.g. 0.9,1,2 "

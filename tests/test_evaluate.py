@@ -197,6 +197,25 @@ def test_evaluate_append_equals_one_run(trained, tmp_path):
     assert (tmp_path / "merged" / "results.csv").read_text().count("\n") == 4   # header + 3 rows
 
 
+def test_evaluate_name_renames_rows_and_output_files_only(trained, tmp_path):
+    """--name: a candidate anywhere evaluated under another name (the shipping gate runs a candidate
+    under the shipped model's): the same figures and translations, the rows and output files named as asked."""
+    a = write_set(tmp_path, "setA", SET_A[:5])
+    common = ["--source", str(a[0]), "--reference", str(a[1]), "--quiet", "--device", "cpu", "--delta", "1"]
+    gma = str(trained["gma"])
+    assert main(["evaluate", "-m", gma, "-o", str(tmp_path / "plain"), *common]) == 0
+    assert main(["evaluate", "-m", gma, "--name", "gma_delta1", "-o", str(tmp_path / "named"), *common]) == 0
+    plain = json.loads((tmp_path / "plain" / "results.json").read_text())["results"]
+    named = json.loads((tmp_path / "named" / "results.json").read_text())["results"]
+    assert [r["model"] for r in named] == ["gma_delta1"] and plain[0]["model"] != "gma_delta1"
+    for r1, r2 in zip(plain, named):
+        assert (r1["BLEU"], r1["simuleval"], r1["checkpoint"]) == (r2["BLEU"], r2["simuleval"], r2["checkpoint"])
+    (p1,), (p2,) = ((tmp_path / d / "outputs").rglob("*.jsonl") for d in ("plain", "named"))
+    assert p2.name == "gma_delta1.delta=1.jsonl" and p1.read_text() != "" and \
+        [json.loads(x)["prediction"] for x in p1.read_text().splitlines()] == \
+        [json.loads(x)["prediction"] for x in p2.read_text().splitlines()]
+
+
 # ------------------------------------------------------------- bad input
 
 def bad_inputs(tmp: Path, trained) -> dict:
@@ -228,12 +247,16 @@ def bad_inputs(tmp: Path, trained) -> dict:
         "negative delta": (gma + ["--delta", "-1"] + ok, "delta must be a finite number >= 0"),
         "labels per checkpoint": (gma + ["--label", "a", "--label", "b"] + ok, "--label given 2 times"),
         "unknown tokenizer": (gma + ["--sacrebleu-tokenizer", "nope"] + ok, "--sacrebleu-tokenizer 'nope'"),
+        "names per checkpoint": (gma + ["--name", "a", "--name", "b"] + ok, "--name given 2 times"),
+        "name with a slash": (gma + ["--name", "../x"] + ok, "cannot be empty, hold a slash"),
+        "the same name twice": (gma + gma + ["--name", "x", "--name", "x"] + ok, "each checkpoint needs its own name"),
     }
 
 
 CASES = ["mismatched line counts", "empty line", "unknown checkpoint", "directory without config",
          "missing source file", "unpaired source", "no test set", "bad k list", "k below 1",
-         "negative delta", "labels per checkpoint", "unknown tokenizer"]
+         "negative delta", "labels per checkpoint", "unknown tokenizer", "names per checkpoint",
+         "name with a slash", "the same name twice"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -84,6 +84,38 @@ def test_loss_is_the_sum_of_minus_log_one_minus_p_over_the_candidates():
     assert float(unlikelihood_loss(logits[:1, :2], torch.tensor([[5, 5]]), PAD, 4)) == 0.0
 
 
+def test_shared_log_softmax_gives_the_same_losses_and_gradients():
+    """Training with unlikelihood takes one log-softmax for both terms (models/training/train.py): the
+    cross-entropy from it (`smoothed_nll`) equals F.cross_entropy with pads ignored and label smoothing, the
+    unlikelihood term from log-probabilities equals the one from logits, and so do the gradients."""
+    from models.training.train import smoothed_nll
+    rng = random.Random(2)
+    for trial in range(12):
+        n, smoothing = (1, 4, 12)[trial % 3], (0.0, 0.1)[trial % 2]
+        rows = [[rng.randint(3, 6) for _ in range(rng.randint(1, 20))] + [2] for _ in range(3)]
+        width = max(map(len, rows)) + 1
+        batch = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+        logits = torch.randn(batch.numel(), 9)
+        grads = []
+        for shared in (False, True):
+            x = logits.clone().requires_grad_()
+            if shared:
+                logp = F.log_softmax(x, -1)
+                loss = smoothed_nll(logp, batch.view(-1), PAD, smoothing) \
+                    + unlikelihood_loss(logp, batch, PAD, n, log_probs=True)
+            else:
+                loss = F.cross_entropy(x, batch.view(-1), ignore_index=PAD, label_smoothing=smoothing,
+                                       reduction="sum") + unlikelihood_loss(x, batch, PAD, n)
+            loss.backward()
+            grads.append((loss.detach(), x.grad))
+        torch.testing.assert_close(grads[1][0], grads[0][0])
+        torch.testing.assert_close(grads[1][1], grads[0][1])
+        # with n-grams too (the per-position search)
+        logp = F.log_softmax(logits, -1)
+        torch.testing.assert_close(unlikelihood_loss(logp, batch, PAD, n, ngram=3, log_probs=True),
+                                   unlikelihood_loss(logits, batch, PAD, n, ngram=3))
+
+
 def one_batch(tok, pairs, cfg):
     """`pairs` encoded and collated as training collates them, all in one batch, on the CPU."""
     examples = encode_pairs(pairs, tok, cfg.max_positions)

@@ -202,13 +202,27 @@ def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, 
     logits = model(src, src_len, tgt_in, kk, delta)
     ntok = int((tgt_out != cfg.pad_id).sum())
     flat = logits.float().view(-1, logits.shape[-1])
-    loss = F.cross_entropy(flat, tgt_out.view(-1), ignore_index=cfg.pad_id, label_smoothing=smoothing,
-                           reduction="sum")
+    if unlikelihood:   # both terms read one log-softmax: the vocabulary's normaliser is taken once, not twice
+        logp = F.log_softmax(flat, -1)
+        loss = smoothed_nll(logp, tgt_out.view(-1), cfg.pad_id, smoothing)
+    else:
+        loss = F.cross_entropy(flat, tgt_out.view(-1), ignore_index=cfg.pad_id, label_smoothing=smoothing,
+                               reduction="sum")
     if teacher is not None:
         loss = (1 - teacher_weight) * loss + teacher_weight * distillation_loss(teacher, batch, cfg, kk, delta, flat)
     if unlikelihood:
-        loss = loss + unlikelihood * unlikelihood_loss(flat, tgt_out, cfg.pad_id, stutter, ngram)
+        loss = loss + unlikelihood * unlikelihood_loss(logp, tgt_out, cfg.pad_id, stutter, ngram, log_probs=True)
     return loss, ntok
+
+
+def smoothed_nll(logp: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float) -> torch.Tensor:
+    """F.cross_entropy(..., ignore_index=pad_id, label_smoothing=smoothing, reduction="sum") from
+    log-probabilities (N, V) already taken: (1 - s) * -log p(gold) + s * the mean of -log p over the vocabulary."""
+    keep = target != pad_id
+    nll = -logp.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1)
+    if smoothing:
+        nll = (1 - smoothing) * nll - smoothing * logp.mean(-1)
+    return (nll * keep).sum()
 
 
 def distillation_loss(teacher, batch, cfg: ModelConfig, kk, delta, flat: torch.Tensor) -> torch.Tensor:

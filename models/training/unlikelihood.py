@@ -65,31 +65,35 @@ def stutter_candidates(tgt_out: torch.Tensor, pad_id: int, n: int) -> tuple[torc
 
 
 def candidate_loss(flat: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
-                   rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Sum of -log(1 - p(c)) over candidates: `flat` the (N, V) float logits, `tokens` and `mask` (K, c)
-    the candidates of `rows` (K row indices; None: every row, K = N)."""
-    # nearly every position has a candidate (repeating the last token), so every row's log-partition is
-    # taken, and the candidates' logits are gathered in place
-    lse = flat.logsumexp(-1, keepdim=True)
+                   rows: torch.Tensor | None = None, log_probs: bool = False) -> torch.Tensor:
+    """Sum of -log(1 - p(c)) over candidates: `flat` the (N, V) float logits (or, with `log_probs`,
+    log-probabilities: a log-softmax the cross-entropy already took), `tokens` and `mask` (K, c) the
+    candidates of `rows` (K row indices; None: every row, K = N)."""
     if rows is None:
-        logit, part = flat.gather(1, tokens), lse
+        logit = flat.gather(1, tokens)
     else:
-        logit, part = flat[rows.unsqueeze(1), tokens], lse[rows]
+        logit = flat[rows.unsqueeze(1), tokens]
+    if not log_probs:
+        # nearly every position has a candidate (repeating the last token), so every row's
+        # log-partition is taken, and the candidates' logits are gathered in place
+        lse = flat.logsumexp(-1, keepdim=True)
+        logit = logit - (lse if rows is None else lse[rows])
     # clamped: a candidate the model is sure of gives a large but finite gradient
-    p = (logit - part).exp().clamp(max=1 - 1e-6)
+    p = logit.exp().clamp(max=1 - 1e-6)
     return (-torch.log1p(-p) * mask).sum()
 
 
 def unlikelihood_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int, n: int,
-                      ngram: int = 0) -> torch.Tensor:
+                      ngram: int = 0, log_probs: bool = False) -> torch.Tensor:
     """Sum over a batch of -log(1 - p(c)) for every candidate c (`repeat_candidates`); logits
-    (B, T, V), or (B*T, V) flattened, are the model's scores for `tgt_out` (B, T) under teacher forcing.
-    Stutters alone are found by `stutter_candidates`; with `ngram`, by the per-position search."""
+    (B, T, V), or (B*T, V) flattened, are the model's scores for `tgt_out` (B, T) under teacher forcing
+    (log-probabilities with `log_probs`). Stutters alone are found by `stutter_candidates`; with `ngram`,
+    by the per-position search."""
     flat = logits.reshape(-1, logits.shape[-1]).float()
     if not ngram:
         tokens, mask = stutter_candidates(tgt_out, pad_id, n)
-        return candidate_loss(flat, tokens.reshape(-1, n), mask.reshape(-1, n))
+        return candidate_loss(flat, tokens.reshape(-1, n), mask.reshape(-1, n), log_probs=log_probs)
     positions, tokens = repeat_candidates(tgt_out, pad_id, n, ngram)
     rows = torch.tensor(positions, dtype=torch.long, device=flat.device)
     tokens = torch.tensor(tokens, dtype=torch.long, device=flat.device).view(-1, 1)
-    return candidate_loss(flat, tokens, torch.ones_like(tokens, dtype=torch.bool), rows)
+    return candidate_loss(flat, tokens, torch.ones_like(tokens, dtype=torch.bool), rows, log_probs)
