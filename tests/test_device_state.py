@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import POLICIES, random_decoder
+from conftest import POLICIES, ROOT, random_decoder
 from test_attention_variants import VARIANTS, variant_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -153,3 +153,18 @@ def test_server_with_the_compiled_step_streams_what_translate_writes(device, tra
         assert code == 1000
         ref = [simulate(trained_decoders["gma"], [s], batch_size=1, delta=d)[0] for s in sentences]
         assert_matches(received, ref, f"delta {d}")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_compiled_step_traces_as_one_graph(policy, trained_decoders):
+    """torch.compile sees each policy's decoder step as one graph with no break (recipes/graph_breaks.py):
+    a break (a .item(), a data-dependent branch) would leave eager code between compiled pieces and split the
+    step into several CUDA graphs on CUDA."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("graph_breaks", ROOT / "recipes" / "graph_breaks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dec = trained_decoders[policy]
+    ex = module.explain_step(dec.model, dec.tok)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), [b.reason for b in ex.break_reasons]
+    assert ex.op_count > 20

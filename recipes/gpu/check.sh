@@ -24,6 +24,7 @@ BUDGET_STEP="${BUDGET_STEP:-130}"
 BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-50}"
 BUDGET_ENGINE="${BUDGET_ENGINE:-30}"
 BUDGET_SERVER="${BUDGET_SERVER:-70}"
+BUDGET_GRAPHS="${BUDGET_GRAPHS:-40}"
 BUDGET_EVAL="${BUDGET_EVAL:-90}"
 EVAL_LIMIT="${EVAL_LIMIT:-200}"
 # bench step's size: the full sizes take about 18 s per timed run on an H200 (30 runs in float32), more than
@@ -76,6 +77,8 @@ step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
   --batch-sizes "$BF16_BATCHES" --sentences "$BF16_SENTENCES" --rounds "$STEP_ROUNDS" --paths default,compiled --json "$DIR/step_cuda_bf16.json"
 step "bench engine" "$BUDGET_ENGINE" \
   simulserve bench engine --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --count 3
+step "graph breaks of the compiled step on $DEVICE (one graph each on the CPU: docs/benchmarks.md)" "$BUDGET_GRAPHS" \
+  "$PY" recipes/graph_breaks.py --device $DEVICE
 step "bench server (compiled step)" "$BUDGET_SERVER" \
   simulserve bench server --device $DEVICE --step compiled --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels 100,250,500,1000 --level-seconds 8 --throughput-seconds 10 --skip soak --json "$DIR/server_cuda.json"

@@ -28,8 +28,9 @@ tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpac
 # GMA's CUDA-graph case and the fused-attention ones run: each CUDA-graph case compiles for a minute or more,
 # the offline one passed in session 21, and whether GMA's passes in the test's own thread tells whether the
 # server's capture failure is GMA's step or the executor thread (check.sh keeps the server's whole output).
+# recipes/graph_breaks.py (30 s) says whether CUDA's lowering splits the compiled step where the CPU's does not.
 BUDGET_TESTS="${BUDGET_TESTS:-120}" BUDGET_STEP="${BUDGET_STEP:-0}" BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-0}" \
-BUDGET_ENGINE="${BUDGET_ENGINE:-15}" BUDGET_SERVER="${BUDGET_SERVER:-60}" BUDGET_EVAL="${BUDGET_EVAL:-45}" \
+BUDGET_ENGINE="${BUDGET_ENGINE:-15}" BUDGET_GRAPHS="${BUDGET_GRAPHS:-30}" BUDGET_SERVER="${BUDGET_SERVER:-60}" BUDGET_EVAL="${BUDGET_EVAL:-45}" \
 EVAL_LIMIT="${EVAL_LIMIT:-100}" STEP_BATCHES="${STEP_BATCHES:-1,16}" STEP_SENTENCES="${STEP_SENTENCES:-32}" \
 TESTS_K="${TESTS_K:-cuda and (gma or fused)}" STEP_ROUNDS="${STEP_ROUNDS:-1}" BF16_BATCHES="${BF16_BATCHES:-1,16}" BF16_SENTENCES="${BF16_SENTENCES:-32}" \
 bash recipes/gpu/check.sh "$DEST/gpu_check.md"
