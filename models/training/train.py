@@ -202,14 +202,15 @@ def batch_loss(model, batch, cfg: ModelConfig, k: int | None, smoothing: float, 
     logits = model(src, src_len, tgt_in, kk, delta)
     ntok = int((tgt_out != cfg.pad_id).sum())
     flat = logits.float().view(-1, logits.shape[-1])
-    if unlikelihood:   # both terms read one log-softmax: the vocabulary's normaliser is taken once, not twice
+    if unlikelihood or teacher is not None:
+        # every term reads one log-softmax: the vocabulary's normaliser is taken once, not once per term
         logp = F.log_softmax(flat, -1)
         loss = smoothed_nll(logp, tgt_out.view(-1), cfg.pad_id, smoothing)
     else:
         loss = F.cross_entropy(flat, tgt_out.view(-1), ignore_index=cfg.pad_id, label_smoothing=smoothing,
                                reduction="sum")
     if teacher is not None:
-        loss = (1 - teacher_weight) * loss + teacher_weight * distillation_loss(teacher, batch, cfg, kk, delta, flat)
+        loss = (1 - teacher_weight) * loss + teacher_weight * distillation_loss(teacher, batch, cfg, kk, delta, logp)
     if unlikelihood:
         loss = loss + unlikelihood * unlikelihood_loss(logp, tgt_out, cfg.pad_id, stutter, ngram, log_probs=True)
     return loss, ntok
@@ -225,8 +226,8 @@ def smoothed_nll(logp: torch.Tensor, target: torch.Tensor, pad_id: int, smoothin
     return (nll * keep).sum()
 
 
-def distillation_loss(teacher, batch, cfg: ModelConfig, kk, delta, flat: torch.Tensor) -> torch.Tensor:
-    """Summed KL(teacher || model) over the batch's target tokens; `flat` the model's (B*T, V) logits.
+def distillation_loss(teacher, batch, cfg: ModelConfig, kk, delta, logp: torch.Tensor) -> torch.Tensor:
+    """Summed KL(teacher || model) over the batch's target tokens; `logp` the model's (B*T, V) log-probabilities.
     The teacher sees what its own policy reads: wait-k's k, GMA's δ, or neither."""
     src, src_len, tgt_in, tgt_out = batch
     tcfg = teacher.cfg
@@ -234,8 +235,8 @@ def distillation_loss(teacher, batch, cfg: ModelConfig, kk, delta, flat: torch.T
         t_logits = teacher(src, src_len, tgt_in, kk if tcfg.attention == "waitk" else None,
                            delta if tcfg.attention == "gma" else None)
     keep = (tgt_out != cfg.pad_id).view(-1)
-    t_logp = F.log_softmax(t_logits.float().view(-1, flat.shape[-1])[keep], -1)
-    return F.kl_div(F.log_softmax(flat[keep], -1), t_logp, log_target=True, reduction="sum")
+    t_logp = F.log_softmax(t_logits.float().view(-1, logp.shape[-1])[keep], -1)
+    return F.kl_div(logp[keep], t_logp, log_target=True, reduction="sum")
 
 
 def is_mask_parameter(name: str) -> bool:
