@@ -1,9 +1,9 @@
 """How long the unlikelihood term takes per training batch with each candidate search: the per-position
-Python one (`repeat_candidates`, what session 21's GPU runs used) against the tensor one
+Python one (`repeat_candidates`, what training used before commit 76753fa) against the tensor one
 (`stutter_candidates`, what training uses now), both followed by the same `candidate_loss`, on real 16 K-token
 batches of a prepared data set, with an 8,000-word vocabulary; and the whole loss training takes with it,
 forward and backward, as two terms each with its own softmax (F.cross_entropy + the term from logits, what
-training did until session 22) against one shared log-softmax (`smoothed_nll` + the term from log-probabilities,
+training did before commit b7bbc38) against one shared log-softmax (`smoothed_nll` + the term from log-probabilities,
 what `batch_loss` does now).
 
     python recipes/unlikelihood_speed.py [--data data/de-en-everyday] [--device cpu|cuda] [--batches 20]

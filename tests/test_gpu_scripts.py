@@ -124,8 +124,8 @@ def test_what_the_gpu_check_imports_is_on_the_gpu_image_or_among_the_carried_whe
     assert refused.returncode != 0 and "not on the GPU image" in refused.stderr
 
 
-def test_lease_script_checks_then_trains_runs_side_by_side_and_brings_back_at_most_8_files(word_tok, tmp_path):
-    """lease.sh's CPU dry run: the check (budgets of a second: its parts are cut off, as on a GPU when one
+def test_run_boxed_script_checks_then_trains_runs_side_by_side_and_brings_back_at_most_8_files(word_tok, tmp_path):
+    """run_boxed.sh's CPU dry run: the check (budgets of a second: its parts are cut off, as on a GPU when one
     runs long), then two runs trained side by side from one unpacked data set, packed so that no more than
     the 8 files the device tool returns come back."""
     write_dataset(word_tok, tmp_path / "data")
@@ -140,7 +140,7 @@ def test_lease_script_checks_then_trains_runs_side_by_side_and_brings_back_at_mo
     env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out), "TRAIN_TAR": str(tmp_path / "train.tar.xz"),
            "TRAIN_DATA": str(tmp_path / "unpacked"), "STATE_ROOT": str(tmp_path / "state"), "TRAIN_MINUTES": "0.03",
            **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP_BF16", "ENGINE", "GRAPHS", "SERVER", "EVAL")}, "BUDGET_STEP": "0"}
-    done = subprocess.run(["bash", str(GPU / "lease.sh"), "60", *recipes], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", str(GPU / "run_boxed.sh"), "60", *recipes], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = (out / "gpu_check.md").read_text()

@@ -368,7 +368,7 @@ def test_shipped_recipes_load_on_cpu_and_gpu():
     """Every recipe in recipes/ is a valid config both ways (its gpu: section included)."""
     from models.training.train import load_train_config
     recipes = sorted((ROOT / "recipes").rglob("*.yaml"))
-    assert len(recipes) >= 8
+    assert {"gma_delta1.yaml", "waitk.yaml", "offline.yaml"} <= {p.name for p in recipes}  # one per shipped model
     for path in recipes:
         for cuda in (False, True):
             load_train_config(path, cuda_available=cuda)

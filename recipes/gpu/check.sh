@@ -28,10 +28,10 @@ BUDGET_GRAPHS="${BUDGET_GRAPHS:-40}"
 BUDGET_EVAL="${BUDGET_EVAL:-90}"
 EVAL_LIMIT="${EVAL_LIMIT:-200}"
 # bench step's size: the full sizes take about 18 s per timed run on an H200 (30 runs in float32), more than
-# a lease's check has; lease.sh asks for fewer sentences, batch sizes and rounds
+# a time-boxed run's check has; run_boxed.sh asks for fewer sentences, batch sizes and rounds
 STEP_BATCHES="${STEP_BATCHES:-1,8,32,128,256}"; STEP_SENTENCES="${STEP_SENTENCES:-256}"; STEP_ROUNDS="${STEP_ROUNDS:-3}"
 BF16_BATCHES="${BF16_BATCHES:-1,8,32,128}"; BF16_SENTENCES="${BF16_SENTENCES:-128}"
-TESTS_K="${TESTS_K:-}"   # pytest -k: lease.sh runs only the tests that use CUDA (70 s ran 20 of all 64 on an H200)
+TESTS_K="${TESTS_K:-}"   # pytest -k: run_boxed.sh runs only the tests that use CUDA (70 s ran 20 of all 64 on an H200)
 
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
 if [ ! -f "$DATA/test.de" ] && [ -f .gpu/data.tar.xz ]; then   # the test sets as pack.sh check packs them
@@ -44,7 +44,7 @@ say() { printf '%s\n' "$@" >> "$REPORT"; }
 step() {
   local title="$1" budget="$2"; shift 2
   local start=$SECONDS rc
-  if [ "$budget" = 0 ]; then   # a lease's choice: what it leaves out is said, not silently missing
+  if [ "$budget" = 0 ]; then   # a time-boxed run's choice: what it leaves out is said, not silently missing
     say "" "## $title" "" "skipped: budget 0 (\`BUDGET_*=0\`)"; echo "== $title: skipped (budget 0)"; return
   fi
   say "" "## $title" "" '```' "\$ $(printf '%q ' "$@" | sed 's|/tmp/simulserve-bin/||')"

@@ -1,4 +1,4 @@
-# Sourced by check.sh, train.sh and lease.sh on a bare GPU machine: installs the project's wheels the image
+# Sourced by check.sh, train.sh and run_boxed.sh on a bare GPU machine: installs the project's wheels the image
 # lacks (from .gpu/whl, packed here by `bash recipes/gpu/pack.sh check`) beside the image's PyTorch, and puts
 # the CLI on PATH without installing the project. Expects to run in the repository root with $PY set.
 PY="${PY:-python3}"

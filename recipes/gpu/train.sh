@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU training in resumable commands that each end inside the GPU machine's 10-minute limit (issue 27):
 #
-#   bash recipes/gpu/train.sh RECIPE [MINUTES]     # e.g. recipes/everyday/round3/gma_delta1.yaml 8
+#   bash recipes/gpu/train.sh RECIPE [MINUTES]     # e.g. recipes/gma_delta1.yaml 8
 #
 # The recipe's `gpu:` section applies (its batch size and schedule: the run trains on CUDA). Needs the
 # training data packed beside the tree (`bash recipes/gpu/pack.sh train` and, for a bare image, `pack.sh

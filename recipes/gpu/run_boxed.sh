@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# A whole GPU lease in one command: the GPU check (check.sh, its budgets shrunk to about 4 minutes, bench
+# A time-boxed GPU run in one command: the GPU check (check.sh, its budgets shrunk to about 4 minutes, bench
 # step left out: below), then
 # the training runs named, side by side, for the time that is left. One command pays one machine start,
-# and the device time lent to a session (15 minutes, 10 per command) leaves room for one such command:
+# which suits a GPU machine lent for a short time (e.g. 15 minutes in all, at most 10 per command):
 #
-#   bash recipes/gpu/lease.sh SECONDS RECIPE...    # e.g. 570 recipes/everyday/round16/gma_delta1.yaml ...
+#   bash recipes/gpu/run_boxed.sh SECONDS RECIPE...    # e.g. 540 recipes/gma_delta1.yaml recipes/waitk.yaml
 #
 # SECONDS: the wall time the whole command may take (keep it under the command limit; TRAIN_MINUTES=M
 # fixes the training time instead). Carry `.gpu`
@@ -13,7 +13,7 @@
 #   per run $OUT/NAME/model.safetensors (fp16) and $OUT/NAME/run.tar (config.json, logs, progress).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-TOTAL="${1:?usage: lease.sh SECONDS RECIPE...}"; shift
+TOTAL="${1:?usage: run_boxed.sh SECONDS RECIPE...}"; shift
 DEST="${OUT:-runs/gpu}"
 export PY="${PY:-python3}"
 TRAIN_DATA="${TRAIN_DATA:-/tmp/simulserve-data}"   # check.sh reads DATA (the test sets, .gpu/data)
@@ -21,12 +21,12 @@ mkdir -p "$DEST" "$TRAIN_DATA"
 tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpacked while the check runs, once for all runs
 . recipes/gpu/env.sh                                # installed once: the runs below must not race on it
 
-# bench step is left out (budget 0): in two leases (50 s and 25 s, 32 sentences) it printed no table, as its
-# first compiled shapes take longer than that; it needs a lease of its own (check.sh's full budgets). The
+# bench step is left out (budget 0): in two such runs (50 s and 25 s, 32 sentences) it printed no table, as its
+# first compiled shapes take longer than that; it needs a run of its own (check.sh's full budgets). The
 # CUDA tests had 70 s and finished at most one CUDA-graph test (each compiles): 120 s now. The server part
 # died both times before serving (a missing wheel, then a CUDA-graph capture): 60 s. Of the CUDA tests only
 # GMA's CUDA-graph case and the fused-attention ones run: each CUDA-graph case compiles for a minute or more,
-# the offline one passed in session 21, and whether GMA's passes in the test's own thread tells whether the
+# the offline one passed on an H200 (commit 2a3241f), and whether GMA's passes in the test's own thread tells whether the
 # server's capture failure is GMA's step or the executor thread (check.sh keeps the server's whole output).
 # recipes/graph_breaks.py (30 s) says whether CUDA's lowering splits the compiled step where the CPU's does not.
 BUDGET_TESTS="${BUDGET_TESTS:-120}" BUDGET_STEP="${BUDGET_STEP:-0}" BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-0}" \
@@ -56,5 +56,5 @@ for recipe in "$@"; do
      && find . -maxdepth 1 -type f ! -name model.safetensors ! -name run.tar -delete)
 done
 ls -la "$DEST" "$DEST"/*/
-echo "lease.sh: $SECONDS s, training rc $rc"
+echo "run_boxed.sh: $SECONDS s, training rc $rc"
 exit "$rc"
