@@ -302,7 +302,7 @@ def test_protocol_example_validates():
 # ---------------------------------------------------------------- README and --help
 def test_readme_is_short_and_shows_the_minimal_clients():
     text = README.read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 300
+    assert len(text.splitlines()) <= 200   # a manual: history is in docs/history.md
     for name in ("stream.py", "stream.html"):
         example = (ROOT / "docs" / "examples" / name).read_text(encoding="utf-8").strip()
         assert example in text, f"README.md does not show docs/examples/{name} as it is (the tested copy)"
