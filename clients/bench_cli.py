@@ -183,6 +183,16 @@ def _paths(text: str) -> list[str]:
     return paths
 
 
+def _machine(device) -> str:
+    """The line every benchmark table is printed under: the CPU class decides which form is fast."""
+    from models.cpu_info import cpu_summary
+    import torch
+    line = f"CPU: {cpu_summary()['line']}; torch {torch.__version__}"
+    if device.type == "cuda":
+        line += f"; GPU: {torch.cuda.get_device_name(device)}"
+    return line
+
+
 def run_step(args) -> int:
     import torch
     from tqdm import tqdm
@@ -202,8 +212,14 @@ def run_step(args) -> int:
     with tqdm(total=len(paths) * len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
         host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
                                    paths=paths, options=options)
+    choice = None
+    if device.type == "cpu":   # what `--step auto` would choose here, timed afresh (not from the cache)
+        from models.step_choice import StepChoice, measure, pick
+        timings = measure(model, tok, options)
+        choice = StepChoice(*pick(timings), timings)
     rules = options.for_policy(model.cfg.policy)
-    print(f"\n{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s), "
+    print(f"\n{_machine(device)}")
+    print(f"{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s), "
           f"no_stutter {rules.no_stutter}, no_repeat_ngram {rules.no_repeat_ngram}), "
           f"{rows[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")
     print("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |")
@@ -224,7 +240,12 @@ def run_step(args) -> int:
         print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | "
               f"{r['kernel_ms_per_step']:.3f} | {ratio} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
               f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
-    out = {"device": str(device), "dtype": args.dtype, "step": rows, "host_overhead": host}
+    if choice is not None:
+        print(f"\n--step auto here: {choice.reason}; ms per step while streams translate a sentence word by "
+              "word (median of 5 rounds, models/step_choice.py)")
+        print(choice.table())
+    out = {"device": str(device), "dtype": args.dtype, "machine": _machine(device), "step": rows,
+           "host_overhead": host, "auto": choice.describe() if choice else None}
     if args.gemm:
         from models.benchmarks.engine import gemm_rates
         out["gemm"] = gemm_rates()
@@ -260,7 +281,8 @@ def run_peer(args) -> int:
     with tqdm(total=len(precisions) * len(sizes) * args.rounds, desc="simulserve vs CTranslate2", unit="run") as bar:
         rows = bench_peer(args.checkpoint, lines, sizes, precisions, args.rounds, args.ct2_dir, args.threads,
                           progress=bar, profile=args.profile)
-    print(f"\n{args.checkpoint}: the first {len(lines)} sentences of {args.source}, whole sentence, greedy; "
+    print(f"\n{_machine(torch.device('cpu'))}")
+    print(f"{args.checkpoint}: the first {len(lines)} sentences of {args.source}, whole sentence, greedy; "
           f"{args.threads} thread(s) (torch, CTranslate2 {ct2.__version__} intra_threads); target tokens (EOS "
           f"included) per CPU second of the process, per wall second in brackets; median of {args.rounds} round(s)")
     print("| precision | batch | simulserve tokens/s | CTranslate2 tokens/s | CTranslate2 / simulserve | goal | "
@@ -332,7 +354,8 @@ def run_engine(args) -> int:
         delta = args.delta if model.cfg.policy == "gma" else None
         with tqdm(total=len(lengths) * args.count, desc=str(name), unit="sent") as bar:
             rows = bench_engine(dec, lines, lengths, args.count, k=k, delta=delta, progress=bar)
-        print(f"\n{name} ({model.cfg.policy}, {device}, {args.threads} thread(s))")
+        print(f"\n{_machine(device)}")
+        print(f"{name} ({model.cfg.policy}, {device}, {args.threads} thread(s))")
         print("| words | target tokens | streaming ms/sentence | naive ms/sentence | speed-up | "
               "streaming ms/token | naive ms/token | identical |")
         print("|---:|---:|---:|---:|---:|---:|---:|:---:|")

@@ -1,47 +1,76 @@
-"""Inference-only linear layers with int8 weights and int8 activations (CPU).
+"""Inference-only linear layers with int8 weights and 7-bit activations (CPU, FBGEMM).
 
-Why: a streaming step multiplies a few rows by every weight matrix, so it is bound by reading
-the weights; int8 weights are a quarter of fp32's bytes and the integer product runs on the
-CPU's int8 dot-product units. The scheme is the usual dynamic one (torchao's
-`Int8DynamicActivationInt8WeightConfig` uses the same): symmetric int8 weights with one scale per
-output channel, made once; symmetric int8 activations with one scale per row, made at every call.
+Why: a streaming step multiplies a few rows by every weight matrix, so it is bound by reading the
+weights; int8 weights are a quarter of fp32's bytes. The product runs in FBGEMM (PyTorch's x86
+int8 library), which is fast on every x86 CPU class: on AVX2 without VNNI it multiplies unsigned
+8-bit activations by signed 8-bit weights with `vpmaddubsw`, whose 16-bit pair sums saturate
+unless the activations keep to 7 bits — the reason PyTorch's own x86 int8 setting reduces their
+range. `torch._int_mm` (this module's previous product) and oneDNN's int8 linear were measured
+slower than float32 on an AVX2 CPU, and oneDNN's also inexact there (docs/benchmarks.md, "int8").
 
-Two properties the project relies on:
-- **a row's result does not depend on the other rows of the call.** Each row has its own scale and
-  the product accumulates in int32, which is exact, so batched = single stream and incremental =
-  full computation hold bit for bit, as for the packed fp32 linears. (A per-tensor activation scale,
-  as PyTorch's older `quantized::linear_dynamic` uses, would make every row depend on the batch.)
-- **it is the integer product PyTorch keeps** (`torch._int_mm`, which torchao's int8 path calls
-  too) rather than the deprecated eager quantisation modules; torchao's own tensor subclasses cost
-  0.1-1 ms of dispatch per call in eager mode on this CPU, more than the product itself
-  (docs/benchmarks.md, "int8 weights").
+The scheme: symmetric int8 weights with one scale per output channel, made once; symmetric
+**7-bit activations with one scale per row** (|q| <= 63), made at every call. FBGEMM takes one
+activation scale per call, so each row is divided by its own scale first and handed over with
+scale 1: then
+
+- **a row's result does not depend on the other rows of the call** (integer sums are exact, the
+  float epilogue is per element), so batched = single stream and incremental = full computation
+  hold bit for bit, as for the packed fp32 linears (tests/test_int8.py);
+- every CPU class runs the same arithmetic (no saturation anywhere), so the quality gate measured on
+  one machine holds on another.
+
+PyTorch marks the quantized tensor types that FBGEMM's packing takes as deprecated (they are used
+only here, once, at load); `int8_available` probes the operators, so a PyTorch without them runs
+float32 (`--step auto`) or says why (`--step int8`).
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
 
-QMAX = 127
+from models.fused_weights import stacked
+
+WEIGHT_QMAX = 127   # int8 weights, symmetric
+ACT_QMAX = 63       # 7-bit activations: no 16-bit saturation on CPUs without VNNI
+ACT_ZERO = 64       # FBGEMM's activations are unsigned: q + 64 in 1..127
+
+_product = getattr(getattr(torch.ops, "quantized", None), "linear_with_input_q_dq_qweight_dq_output_fp32", None)
+
+
+def _packed_weight(weight: torch.Tensor) -> tuple[object, torch.Tensor]:
+    """FBGEMM's packed int8 weight (per output channel) and the channel scales."""
+    scale = weight.abs().amax(1) / WEIGHT_QMAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    with warnings.catch_warnings():   # quantized tensor creation is marked deprecated; used once, here
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(weight, scale.double(), torch.zeros(len(scale), dtype=torch.long),
+                                       0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(q, None), q.dequantize()
 
 
 def int8_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """The integer product runs here (CPU, float32 activations) and is exact on a probe."""
-    if torch.device(device).type != "cpu" or dtype != torch.float32 or not hasattr(torch, "_int_mm"):
+    """FBGEMM's int8 product runs here (CPU, float32 activations) and is exact on a probe."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32 or _product is None:
+        return False
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
         return False
     try:
-        a = torch.tensor([[1, -2, 3]], dtype=torch.int8)
-        b = torch.tensor([[4, 5, -6], [7, 8, 9]], dtype=torch.int8)
-        return torch._int_mm(a, b.t()).tolist() == [[-24, 18]]
-    except (RuntimeError, NotImplementedError):
+        packed, _ = _packed_weight(torch.tensor([[127.0, -2.0, 3.0], [7.0, 8.0, 127.0]]))
+        y = _product(torch.tensor([[1.0, -2.0, 3.0]]), 1.0, ACT_ZERO, packed)
+        return y.tolist() == [[140.0, 372.0]]   # (127 + 4 + 9, 7 - 16 + 381): exact sums, scale 1
+    except (RuntimeError, NotImplementedError, AttributeError):
         return False
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 of each row of x (..., K): (int8 values, float scale (..., 1)).
-    A row of zeros (a padded row) gets scale 1 and stays zero."""
-    scale = x.abs().amax(-1, keepdim=True) / QMAX
+    """Each row of x (..., K) divided by its scale so that it spans at most ±ACT_QMAX: (scaled rows,
+    scale (..., 1)); FBGEMM rounds the scaled values to integers. A row of zeros (a padded row)
+    gets scale 1 and stays zero."""
+    scale = x.abs().amax(-1, keepdim=True) / ACT_QMAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.round(x / scale).clamp_(-QMAX, QMAX).to(torch.int8), scale
+    return x / scale, scale
 
 
 class Int8Linear(nn.Module):
@@ -50,33 +79,26 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        weight = weight.detach().float()
+        weight = weight.detach().float().contiguous()
         self.out_features, self.in_features = weight.shape
-        q, scale = quantize_rows(weight)
-        # (in, out) as a transposed view of the row-major (out, in) matrix: the layout the
-        # integer product reads fastest here
-        self.register_buffer("qweight_t", q.t(), persistent=False)
-        self.register_buffer("wscale", scale.squeeze(1), persistent=False)
+        self.packed, dequantized = _packed_weight(weight)   # an opaque FBGEMM object: not a buffer
+        self.register_buffer("weight_int8", dequantized, persistent=False)
         zero = torch.zeros(self.out_features)
         self.register_buffer("bias", zero if bias is None else bias.detach().float().clone(), persistent=False)
 
     @classmethod
     def of(cls, *linears: nn.Linear) -> "Int8Linear":
-        from models.packed_linear import stacked
         return cls(*stacked(linears))
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight this layer multiplies by, in float (tests, error bounds)."""
-        return (self.qweight_t.t().float() * self.wscale.unsqueeze(1))
+        return self.weight_int8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        rows = x.reshape(-1, self.in_features)
-        q, scale = quantize_rows(rows)
-        acc = torch._int_mm(q, self.qweight_t)
-        # int32 -> float is exact while |acc| < 2^24 (127 * 127 * in_features: in_features <= 1040)
-        y = torch.addcmul(self.bias, acc.float(), scale * self.wscale)
-        return y.reshape(*shape[:-1], self.out_features)
+        rows, scale = quantize_rows(x.reshape(-1, self.in_features))
+        y = _product(rows, 1.0, ACT_ZERO, self.packed)
+        return torch.addcmul(self.bias, y, scale).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int8"
+        return f"in={self.in_features}, out={self.out_features}, int8 weights, 7-bit rows (FBGEMM)"

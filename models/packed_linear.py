@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import MultiHeadAttention
+from models.fused_weights import stacked
+from models.int8_linear import Int8Linear
 from models.transformer import FeedForward
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -37,16 +39,6 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
         return torch.allclose(y.float(), F.linear(x, w, b).float(), atol=1e-2)
     except (RuntimeError, AttributeError):
         return False
-
-
-def stacked(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weight and bias of several nn.Linear of one input stacked along the output (one fused
-    product computes them all)."""
-    weight = torch.cat([lin.weight for lin in linears], 0)
-    biases = [lin.bias for lin in linears]
-    if any(b is None for b in biases) and not all(b is None for b in biases):
-        raise ValueError("fused linears must all have a bias or none")
-    return weight, None if biases[0] is None else torch.cat(biases, 0)
 
 
 class PackedLinear(nn.Module):
@@ -79,7 +71,6 @@ def pack_for_inference(model: nn.Module, int8: bool = False) -> nn.Module:
     int8: the attention projections and feed-forward layers (where nearly all weight bytes
     are) get int8 weights (models/int8_linear.py); every other linear, such as GMA's step
     predictor, which decides READ or WRITE, stays packed fp32."""
-    from models.int8_linear import Int8Linear
     p = next(model.parameters())
     if not packing_available(p.device, p.dtype):
         return model

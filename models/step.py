@@ -36,7 +36,13 @@ class StreamingDecoder:
         self.options = (options or DecodingOptions()).for_policy(model.cfg.policy)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        # how the steps run (models/step_form.py): chosen once, checked against the device
+        # how the steps run (models/step_form.py): chosen once, checked against the device;
+        # `auto` times the candidate forms here (models/step_choice.py)
+        self.choice = None
+        if step_form(form).linears == "auto":
+            from models.step_choice import choose
+            self.choice = choose(model, tokenizer, options)
+            form = self.choice.form
         self.form = step_form(form).resolve(p.device, p.dtype)
         self.compiled = self.form.compiled
         self.sync_free = self.form.sync_free
@@ -72,6 +78,13 @@ class StreamingDecoder:
         graph: the form runs sync-free."""
         self.scratch = self.pool.allocate()
         self.pool.reset(self.scratch)
+
+    def describe_form(self) -> dict:
+        """The form the steps run, and for `auto` how it was chosen (/v1/models, the benchmarks)."""
+        d = self.form.describe()
+        if self.choice is not None:
+            d["choice"] = self.choice.describe()
+        return d
 
     def bucket(self, n: int) -> int:
         """The cache length a static-shape step pads `n` to (the exact length otherwise)."""

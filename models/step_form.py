@@ -47,8 +47,8 @@ class StepForm:
         from models.packed_linear import packing_available
         device = torch.device(device)
         if self.linears == "auto":
-            int8 = int8_available(device, dtype) and packing_available(device, dtype)
-            return FORMS["int8" if int8 else "default"].resolve(device, dtype)
+            raise StepFormError("step form 'auto' is chosen by measurement when a decoder is made "
+                                "(models/step_choice.py), not resolved on its own")
         if self.linears == "int8" and not (int8_available(device, dtype) and packing_available(device, dtype)):
             raise StepFormError(f"step form 'int8' runs on the CPU with float32 weights only (here: {device.type}, "
                              f"{str(dtype).replace('torch.', '')}); on a GPU use --dtype bfloat16 instead")
@@ -70,10 +70,10 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
              summary="static shapes + torch.compile of the decoder step (CUDA graphs on CUDA)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
-    # the server's default: int8 keeps 21 of the quality gate's 22 rows within 0.3 BLEU of float32 with the
-    # shipped weights, and the one outside (GMA everyday -0.84) is still far above the previous weights
-    # (docs/benchmarks.md, "int8 weights")
-    StepForm("auto", "auto", summary="int8 where it runs (CPU, float32), else default: the server's default"),
+    # the server's default: the fastest form that passed the quality gate, timed where it runs
+    # (models/step_choice.py; docs/benchmarks.md, "int8 weights")
+    StepForm("auto", "auto", summary="the fastest of default, int8 and plain, timed at start-up on this machine "
+                                     "(never slower than default): the server's default"),
 )}
 
 
@@ -87,7 +87,7 @@ def step_form(form: "str | StepForm") -> StepForm:
     return FORMS[name]
 
 
-STEP_HELP = ("the step's form: default (float32); auto (int8 where it runs, else default); int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "
+STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "
              "on CUDA); host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
 
 

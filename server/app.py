@@ -80,6 +80,10 @@ class ServerState:
                 options = DecodingOptions(no_repeat_ngram=s.no_repeat_ngram, early_eos=s.early_eos,
                                           no_stutter=s.no_stutter)
                 decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, s.step, options)
+                if decoder.choice is not None:
+                    c = decoder.choice
+                    log.info("model %s: step form %s chosen by %s on %s: %s\n%s", name, c.form,
+                             "cached timing" if c.cached else "timing", c.cpu, c.reason, c.table())
                 eng = ModelEngine(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
                                   batch_window_ms=s.batch_window_ms, continuations=s.continuations,

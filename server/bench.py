@@ -398,6 +398,9 @@ async def _main(args, base) -> int:
            "cpus": os.cpu_count()}
     print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}, "
           f"{model.get('dtype', '?')}), speakers at {args.wpm:g} wpm, {len(sentences)} source sentences ≤ {args.max_words} words, {os.cpu_count()} CPUs")
+    form = model.get("step_form", {})
+    print(f"server CPU: {model.get('cpu', '?')}; step form {form.get('name', '?')}"
+          + (f" ({form['choice']['reason']})" if form.get("choice") else ""))
     best = 0
     if "ramp" not in skip:
         which = "" if args.real_time_on == "all" else " of live words"

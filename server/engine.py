@@ -26,6 +26,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from models.cpu_info import cpu_summary
 from models.metrics.latency import sentence_scores
 from models.policy import Policy, PolicyError, make_policy
 from models.step import StreamingDecoder
@@ -94,7 +95,8 @@ class ModelEngine:
         return {"name": self.name, "policy": c.policy, "attention": c.variant.kind.replace("none", "standard"),
                 "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
-                "dtype": str(self.dec.dtype).removeprefix("torch."), "step_form": self.dec.form.describe(),
+                "dtype": str(self.dec.dtype).removeprefix("torch."), "step_form": self.dec.describe_form(),
+                "cpu": cpu_summary()["line"],
                 "decoding": dataclasses.asdict(self.dec.options),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},
                 "active_streams": len(self.handles)}

@@ -36,8 +36,8 @@ class ServerSettings(BaseSettings):
         "float32", description="inference precision: float32; bfloat16 (faster on CPUs with AVX512-BF16, "
                                "may change outputs); float16 (CUDA only)")
     step: str = Field(
-        "auto", description="the step's form (models/step_form.py): auto (int8 on a CPU with float32 weights, else "
-                            "default); default (float32 packed); int8 (int8 weights, CPU); "
+        "auto", description="the step's form (models/step_form.py): auto (the fastest of default, int8 and plain, "
+                            "timed at start-up on this machine and cached; models/step_choice.py); default (float32 packed); int8 (int8 weights, CPU); "
                                "compiled (torch.compile with padded shapes, CUDA graphs on CUDA; each new shape "
                                "compiles once, which takes seconds to minutes); host, sync-free, static, plain. "
                                "`eager` = default")

@@ -11,6 +11,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)  # tiny models: a second thread only adds contention
+# `--step auto` caches its timings per machine: tests keep theirs out of the user's home
+os.environ.setdefault("SIMULSERVE_CACHE_DIR", str(Path(__import__("tempfile").mkdtemp(prefix="simulserve-test-cache-"))))
 
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.config import ModelConfig  # noqa: E402

@@ -142,11 +142,11 @@ def image(engine):
     return IMAGE
 
 
-def translate_on_host(sentences: list[str], tmp_path: Path) -> list[str]:
+def translate_on_host(sentences: list[str], tmp_path: Path, step: str = "auto") -> list[str]:
     src = tmp_path / "source.txt"
     src.write_text("\n".join(sentences) + "\n")
     r = subprocess.run([sys.executable, "-m", "clients.cli", "translate", "--checkpoint", MODEL, "--input", str(src),
-                        "--step", "auto"],
+                        "--step", step],
                        capture_output=True, text=True, timeout=300, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -181,7 +181,9 @@ def test_image_serves_the_page_and_streams_like_translate(engine, image, tmp_pat
         assert r.returncode == 0, r.stderr[-3000:]
         got = [json.loads(line)["translation"] for line in r.stdout.splitlines()]
         say(f"streamed {len(DEMO)} sentences through the container in {time.monotonic() - t0:.1f} s")
-        assert got == translate_on_host(DEMO, tmp_path)
+        # auto times the forms where it runs: the host translates with the form the container chose
+        form = next(m["step_form"]["name"] for m in listed["models"] if m["name"] == MODEL)
+        assert got == translate_on_host(DEMO, tmp_path, step=form)
         assert all(got)
     finally:
         engine.remove(name)
@@ -240,7 +242,8 @@ def test_two_replicas_behind_nginx_survive_one_stopping(engine, image, nginx_fro
     n_streams, wpm = 4, 900
     try:
         for name, port in zip(names, ports):
-            engine.run_server(name, port, SIMULSERVE_MODELS=f"{MODEL}={MODEL}")
+            # one named form: `auto` times the forms in each replica, and two replicas could choose apart
+            engine.run_server(name, port, SIMULSERVE_MODELS=f"{MODEL}={MODEL}", SIMULSERVE_STEP="int8")
         for name, url in zip(names, direct):
             wait_healthy(engine, name, url)
         front = nginx_front(ports)
@@ -275,7 +278,7 @@ def test_two_replicas_behind_nginx_survive_one_stopping(engine, image, nginx_fro
         for i, n in enumerate(notes):
             if i not in reconnected:
                 assert n == [], f"stream {i} on the running replica was disturbed: {n}"
-        reference = translate_on_host(DEMO, tmp_path)
+        reference = translate_on_host(DEMO, tmp_path, step="int8")
         for summary in summaries:    # nothing lost or doubled, reconnect or not
             assert [s["translation"] for s in summary.sentences] == reference
             assert [s["sentence"] for s in summary.sentences] == list(range(len(DEMO)))

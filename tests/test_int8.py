@@ -12,7 +12,7 @@ from conftest import POLICIES, random_decoder
 from torch import nn
 
 from models.checkpoint import load_checkpoint
-from models.int8_linear import Int8Linear, int8_available, quantize_rows
+from models.int8_linear import ACT_QMAX, Int8Linear, int8_available, quantize_rows
 from models.packed_linear import PackedLinear
 from models.step import StreamingDecoder
 from models.step_form import FORMS, StepFormError, step_form
@@ -41,19 +41,46 @@ def test_int8_linear_rows_are_exact_whatever_the_batch_and_close_to_float():
         assert torch.equal(fused(x.view(4, 10, 48)), y.view(4, 10, -1))
         # fused = the layers quantised one by one (per output channel: stacking changes nothing)
         assert torch.equal(torch.cat([Int8Linear.of(lin)(x) for lin in lins], -1), y)
-        # the error of 8-bit rows and channels: about 1% of the output's scale, and not zero
+        # the error of 7-bit rows and 8-bit channels: a few % of the output's scale, and not zero
         err = (y - ref).abs().max() / ref.abs().max()
         assert 1e-4 < err < 0.03, float(err)
         # a padded row of zeros stays the bias
         torch.testing.assert_close(fused(torch.zeros(1, 48)), torch.cat([lin.bias for lin in lins])[None])
 
 
-def test_quantize_rows_is_symmetric_and_uses_the_full_range():
+def test_quantize_rows_is_symmetric_and_uses_seven_bits():
     x = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [3.0, 1.0, -2.0]])
-    q, scale = quantize_rows(x)
-    assert q.dtype == torch.int8
-    assert q.abs().amax(1).tolist() == [127, 0, 127]
-    torch.testing.assert_close(q.float() * scale, x, atol=float(scale.max()) / 2, rtol=0)
+    scaled, scale = quantize_rows(x)
+    assert torch.round(scaled).abs().amax(1).tolist() == [ACT_QMAX, 0, ACT_QMAX] and ACT_QMAX == 63
+    torch.testing.assert_close(scaled * scale, x)
+
+
+def test_int8_linear_is_the_explicit_integer_computation():
+    """What FBGEMM computes is the scheme written out: rows rounded to 7-bit integers, times the
+    int8 weights, times both scales, plus the bias."""
+    torch.manual_seed(5)
+    lin = nn.Linear(96, 40)
+    q = Int8Linear.of(lin)
+    x = torch.randn(9, 96) * 3
+    scaled, scale = quantize_rows(x)
+    wscale = lin.weight.detach().abs().amax(1) / 127
+    qweight = torch.round(lin.weight.detach() / wscale[:, None])
+    assert qweight.abs().max() == 127
+    ref = (torch.round(scaled) @ qweight.t()) * wscale * scale + lin.bias.detach()
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(q.dequantized_weight(), qweight * wscale[:, None])
+
+
+def test_int8_sums_do_not_saturate_at_the_largest_values():
+    """Every activation at +63 and every weight at +127 over 1040 inputs: the largest sum the layers
+    can meet. A 16-bit pair sum of 8-bit activations (255 * 127 * 2) would saturate on AVX2 without
+    VNNI; 7-bit ones (127 * 127 * 2 < 32767) cannot, so the sum is exact on every CPU class."""
+    q = Int8Linear(torch.ones(3, 1040), None)
+    with torch.no_grad():
+        y = q(torch.ones(2, 1040))
+    # scale 1/63 per row, 1/127 per channel: the exact sum 63 * 127 * 1040 scaled back to 1040
+    torch.testing.assert_close(y, torch.full((2, 3), 1040.0))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -135,18 +162,17 @@ def test_translate_and_evaluate_take_the_form(trained, tmp_path, capsys):
 
 
 def test_server_with_the_int8_form_streams_what_translate_writes(trained, trained_decoders):
-    """The server's default form on this CPU is int8: /v1/models names it, and concurrent streams
-    receive what the int8 step writes for each alone."""
-    from server.settings import load_settings
-    assert load_settings().step == "auto"
+    """With --step int8, /v1/models names it, and concurrent streams receive what the int8 step
+    writes for each alone."""
     import httpx
 
     from test_server import LiveServer, assert_matches, sentence_messages, talk
     sentences = SENTENCES[:4]
-    with LiveServer(models={"gma": str(trained["gma"])}, step="auto", warmup=False, rate_limit=10000,
+    with LiveServer(models={"gma": str(trained["gma"])}, step="int8", warmup=False, rate_limit=10000,
                     rate_burst=10000) as srv:
         info = httpx.get(srv.http + "/v1/models").json()["models"][0]
         assert info["step_form"]["name"] == "int8" and info["step_form"]["linears"] == "int8"
+        assert "choice" not in info["step_form"]   # asked for by name: nothing timed
 
         async def main():
             return await asyncio.gather(*[
@@ -157,3 +183,25 @@ def test_server_with_the_int8_form_streams_what_translate_writes(trained, traine
     for (received, code), d in zip(results, (0.5, 1.0)):
         assert code == 1000
         assert_matches(received, [simulate(dec, [s], batch_size=1, delta=d)[0] for s in sentences], f"delta {d}")
+
+
+def test_server_default_is_the_form_timed_fastest_here(trained, trained_decoders):
+    """The server's default, auto, times the candidate forms at start-up: /v1/models shows the timings
+    and the form the rule picks from them, and a stream receives what that form writes."""
+    import httpx
+
+    from models.step_choice import pick
+    from server.settings import load_settings
+    from test_server import LiveServer, assert_matches, sentence_messages, talk
+    assert load_settings().step == "auto"
+    with LiveServer(models={"waitk": str(trained["waitk"])}, step="auto", warmup=False) as srv:
+        form = httpx.get(srv.http + "/v1/models").json()["models"][0]["step_form"]
+        received, code = asyncio.run(talk(srv.url, [{"type": "start", "model": "waitk", "k": 2}]
+                                          + sentence_messages(SENTENCES[:2]) + [{"type": "end_stream"}]))
+    timings = {f: {int(b): ms for b, ms in t.items()} for f, t in form["choice"]["ms_per_step"].items()}
+    assert {"default", "int8", "plain"} <= set(timings)
+    assert form["name"] == form["choice"]["form"] == pick(timings)[0]
+    assert form["choice"]["cpu"] and form["choice"]["reason"].startswith(form["name"])
+    dec = StreamingDecoder(trained_decoders["waitk"].model, trained_decoders["waitk"].tok, form=form["name"])
+    assert code == 1000
+    assert_matches(received, [simulate(dec, [s], batch_size=1, k=2)[0] for s in SENTENCES[:2]], "auto")

@@ -1,0 +1,88 @@
+"""`--step auto`: the choice rule on injected timings, the measurement and its cache on a tiny model,
+and what the server and the benchmarks say about the choice."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import random_decoder
+
+from models import step_choice
+from models.cpu_info import cpu_summary, describe, extensions
+from models.step import StreamingDecoder
+from models.step_choice import StepChoice, choose, pick
+
+
+def test_the_fastest_form_is_chosen_on_injected_timings():
+    form, why = pick({"default": {1: 4.2, 16: 7.0}, "int8": {1: 2.0, 16: 3.0}, "plain": {1: 3.9, 16: 6.9}})
+    assert form == "int8" and why.startswith("int8: 0.45x")
+
+
+def test_a_form_slower_than_float32_at_any_batch_is_never_chosen():
+    # the AVX2-without-VNNI case: int8 faster alone, 4x slower at batch 16
+    timings = {"default": {1: 4.2, 16: 7.0}, "int8": {1: 3.0, 16: 28.9}}
+    form, why = pick(timings)
+    assert form == "default" and "never chosen: int8" in why
+    # and when every other form is slower everywhere, float32 stays
+    assert pick({"default": {1: 1.0}, "int8": {1: 1.5}, "plain": {1: 1.01}})[0] == "default"
+
+
+def test_a_tie_keeps_float32():
+    assert pick({"default": {1: 2.0, 16: 3.0}, "int8": {1: 2.0, 16: 3.0}})[0] == "default"
+
+
+def test_the_cpu_line_names_the_vector_extensions():
+    ext = extensions({"avx2", "fma"})
+    assert ext == {"avx2": True, "avx512": False, "vnni": False, "amx": False}
+    assert describe("AMD EPYC", 2, ext, {}) == "AMD EPYC, 2 cores, AVX2 (no VNNI)"
+    full = extensions({"avx2", "avx512f", "avx512_vnni", "amx_int8"})
+    assert describe("Xeon", 8, full, {"ONEDNN_MAX_CPU_ISA": "AVX2"}) == \
+        "Xeon, 8 cores, AVX2 + AVX-512 + VNNI + AMX; capped by ONEDNN_MAX_CPU_ISA=AVX2"
+    here = cpu_summary()
+    assert here["cores"] >= 1 and here["line"].startswith(here["model"])
+
+
+def test_auto_times_the_candidates_and_caches_the_choice(word_tok, tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMULSERVE_CACHE_DIR", str(tmp_path))
+    model = random_decoder(word_tok, "gma", seed=2).model
+    calls = []
+    real = step_choice.measure
+    monkeypatch.setattr(step_choice, "measure", lambda *a, **k: calls.append(1) or real(*a, **k, rounds=1))
+    dec = StreamingDecoder(model, word_tok, form="auto")
+    c = dec.choice
+    assert calls == [1] and not c.cached
+    assert set(c.ms_per_step) == set(step_choice.candidates(torch.device("cpu"), torch.float32))
+    assert all(ms > 0 for t in c.ms_per_step.values() for ms in t.values())
+    assert c.form == pick(c.ms_per_step)[0] == dec.form.name    # the decoder runs what was chosen
+    assert dec.describe_form()["choice"]["form"] == c.form
+    # a second decoder on this machine reads the cache: no timing, same choice
+    again = StreamingDecoder(model, word_tok, form="auto").choice
+    assert calls == [1] and again.cached and again.form == c.form and again.ms_per_step == c.ms_per_step
+    # another machine (here: another thread count) times again
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert not StreamingDecoder(model, word_tok, form="auto").choice.cached and calls == [1, 1]
+    finally:
+        torch.set_num_threads(threads)
+    assert len(json.loads((tmp_path / "step_forms.json").read_text())) == 2
+
+
+def test_one_candidate_needs_no_timing(word_tok, monkeypatch):
+    monkeypatch.setattr(step_choice, "measure", lambda *a, **k: pytest.fail("timed"))
+    monkeypatch.setattr(step_choice, "candidates", lambda device, dtype: ["default"])
+    model = random_decoder(word_tok, "waitk", seed=1).model
+    c = choose(model, word_tok)
+    assert isinstance(c, StepChoice) and c.form == "default" and "only candidate" in c.reason
+
+
+def test_int8_is_a_candidate_only_where_it_runs(word_tok):
+    assert "int8" in step_choice.candidates(torch.device("cpu"), torch.float32)
+    assert step_choice.candidates(torch.device("cpu"), torch.bfloat16) == ["default", "plain"]
+
+
+def test_auto_does_not_resolve_without_a_decoder():
+    from models.step_form import FORMS, StepFormError
+    with pytest.raises(StepFormError, match="chosen by measurement"):
+        FORMS["auto"].resolve(torch.device("cpu"), torch.float32)
