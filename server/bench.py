@@ -16,26 +16,45 @@ Phases, one run, one table:
    checkpoint with batching disabled.
 3. memory soak: speakers for --soak-seconds, reconnecting every 3 sentences;
    server resident memory (Prometheus process metrics) at its start and end.
+
+--client-procs N spreads every phase's clients over N spawned client processes (default 1: all
+in this process), each running its share with the same pacing from the same start time and
+sending its records back to be merged (percentiles over every word of every process). Each
+process measures its CPU time; the ramp table shows the busiest one's share of its wall time,
+and a level where one was above CLIENT_BUSY gets a warning: its figure may measure the client.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import re
-import resource
 import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 DEFAULT_TEXT = "data/de-en/test.de"
 FALLBACK = ["Das ist ein kleiner Test des Servers .", "Wir übersetzen jeden Satz Wort für Wort , sobald er "
             "gesprochen wird .", "Die Stadt liegt am Fluss , und im Sommer ist es dort sehr warm ."]
+CLIENT_BUSY = 0.8   # a client process busier than this (CPU s / wall s) may be what a figure measures
+
+
+def client_procs_arg(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of client processes, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (1 runs every speaker in this process), got {n}")
+    return n
 
 
 def add_server_bench_args(p) -> None:
@@ -73,6 +92,10 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--soak-seconds", type=float, default=600.0)
     p.add_argument("--soak-streams", type=int, help="default: the largest real-time level (at most 200)")
     p.add_argument("--skip", default="", help="comma list of phases to skip: ramp, throughput, soak")
+    p.add_argument("--client-procs", type=client_procs_arg, default=1, metavar="N",
+                   help="spread the simulated clients of every phase over N client processes (default 1: all "
+                        "in this process); the ramp table shows the busiest one's CPU, and a level where one "
+                        f"was above {CLIENT_BUSY:.0%} busy gets a warning")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--seed", type=int, default=0)
 
@@ -188,6 +211,15 @@ class Record:
         self.words_in = self.words_out = self.sentences = 0
         self.errors: Counter = Counter()
 
+    def merge(self, other: Record) -> None:
+        """Add another client process's record: every word's figures, not a summary of them."""
+        self.added += other.added
+        self.lag_ms += other.lag_ms
+        self.words_in += other.words_in
+        self.words_out += other.words_out
+        self.sentences += other.sentences
+        self.errors.update(other.errors)
+
 
 async def _open(url, model, headers, rec):
     from websockets.asyncio.client import connect
@@ -280,14 +312,139 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q / 100 * len(values)))]
 
 
+# ---------------------------------------------------------------- client processes
+# Every process's time.monotonic() reads the same clock (CLOCK_MONOTONIC on Linux, system-wide):
+# start times, stop times and the recorded send/arrival times mean the same in all of them.
+async def _run_share(job: dict, sentences) -> dict:
+    """One process's share of a phase's clients: its record and the CPU time it took."""
+    cpu0, rec = time.process_time(), Record()
+    if job["kind"] == "speak":   # specs: (start time, rng seed) per speaker
+        await asyncio.gather(*(speaker(job["url"], job["model"], job["headers"], sentences, job["gap"], start,
+                                       job["t_stop"], rec, random.Random(seed), churn=job["churn"])
+                               for start, seed in job["specs"]))
+    else:                        # "flood"; specs: an rng seed per stream
+        await asyncio.gather(*(flooder(job["url"], job["model"], job["headers"], sentences, job["t_stop"], rec,
+                                       random.Random(seed)) for seed in job["specs"]))
+    return {"record": rec, "cpu_s": time.process_time() - cpu0, "end": time.monotonic()}
+
+
+def _client_process(conn, sentences) -> None:
+    """A spawned client process: runs the shares its parent sends until it sends None."""
+    import websockets.asyncio.client  # noqa: F401  (imported before "ready": a level starts on time)
+    conn.send("ready")
+    while (job := conn.recv()) is not None:
+        try:
+            conn.send(asyncio.run(_run_share(job, sentences)))
+        except Exception:   # noqa: BLE001  the parent reports it and stops
+            conn.send({"error": traceback.format_exc()})
+    conn.close()
+
+
+def split_specs(specs: list, k: int) -> list[list]:
+    """The clients of a phase dealt round-robin over k processes: shares differ by at most one."""
+    return [specs[i::k] for i in range(k)]
+
+
+class ClientPool:
+    """--client-procs N > 1: N spawned client processes, started once, each running its share of a phase."""
+
+    def __init__(self, n: int, sentences, timeout: float = 120.0):
+        ctx = multiprocessing.get_context("spawn")
+        self.n, self.conns, self.procs = n, [], []
+        self.waiter = ThreadPoolExecutor(max_workers=n, thread_name_prefix="client-proc")
+        try:
+            for i in range(n):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_client_process, args=(child, sentences), daemon=True,
+                                   name=f"simulserve-bench-client-{i + 1}")
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+            for i, conn in enumerate(self.conns):
+                if not conn.poll(timeout):
+                    raise RuntimeError(f"client process {i + 1} did not start in {timeout:.0f} s")
+                conn.recv()
+        except BaseException:
+            self.close()
+            raise
+
+    def _recv(self, i: int) -> dict:
+        try:
+            res = self.conns[i].recv()
+        except EOFError:
+            self.procs[i].join(5)
+            raise RuntimeError(f"client process {i + 1} died (exit code {self.procs[i].exitcode})") from None
+        if "error" in res:
+            raise RuntimeError(f"client process {i + 1} failed:\n{res['error']}")
+        return res
+
+    async def run(self, job: dict) -> list[dict | None]:
+        """Each process's result for its share of job["specs"]; None for a process left without clients."""
+        loop, shares = asyncio.get_running_loop(), split_specs(job["specs"], self.n)
+        for conn, share in zip(self.conns, shares):
+            if share:
+                conn.send({**job, "specs": share})
+
+        async def none():
+            return None
+        return list(await asyncio.gather(*(loop.run_in_executor(self.waiter, self._recv, i) if share else none()
+                                           for i, share in enumerate(shares))))
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        for conn in self.conns:
+            conn.close()
+        self.waiter.shutdown(wait=False, cancel_futures=True)
+
+
+async def run_clients(job: dict, sentences, pool: ClientPool | None, t0: float) -> tuple[Record, list]:
+    """A phase's clients (job["specs"]) here or over the pool's processes: their merged record, and
+    per process its CPU share (CPU s / wall s from t0 to its end; None where it had no clients)."""
+    results = [await _run_share(job, sentences)] if pool is None else await pool.run(job)
+    rec = Record()
+    for r in results:
+        if r is not None:
+            rec.merge(r["record"])
+    return rec, [None if r is None else r["cpu_s"] / max(r["end"] - t0, 1e-9) for r in results]
+
+
+def client_figures(rec: Record, cpu: list) -> dict:
+    """The client side of a phase's figures, for the JSON and the warnings."""
+    busy = [(share, i) for i, share in enumerate(cpu) if share is not None]
+    top, at = max(busy) if busy else (0.0, 0)
+    return {"client_cpu": top, "client_busiest_proc": at + 1, "client_procs_cpu": cpu,
+            "client_busy": top > CLIENT_BUSY, "words_in": rec.words_in, "words_out": rec.words_out,
+            "timed_words": len(rec.added), "sentences": rec.sentences}
+
+
+def busy_warning(what: str, r: dict) -> str | None:
+    """The warning line for a phase whose busiest client process was above CLIENT_BUSY, else None."""
+    if not r.get("client_busy"):
+        return None
+    return (f"warning: {what}: client process {r['client_busiest_proc']} was {100 * r['client_cpu']:.0f} % busy: "
+            "the figure may measure the client, not the server; raise --client-procs")
+
+
 # ---------------------------------------------------------------- phases
-async def ramp_level(args, n, sentences, headers, base) -> dict:
+async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None = None) -> dict:
     gap, rng = 60.0 / args.wpm, random.Random(args.seed + n)
-    rec, before, cpu0 = Record(), scrape(base), _cpu()
+    before = scrape(base)
+    starts = [(rng.uniform(0, gap), rng.random()) for _ in range(n)]   # (offset, rng seed) per speaker
     t0 = time.monotonic() + 1.0
     t_stop, warm = t0 + args.level_seconds, t0 + min(5.0, args.level_seconds / 4)
-    await asyncio.gather(*(speaker(args.url, args.model, headers, sentences, gap, t0 + rng.uniform(0, gap),
-                                   t_stop, rec, random.Random(rng.random())) for _ in range(n)))
+    job = {"kind": "speak", "url": args.url, "model": args.model, "headers": headers, "gap": gap, "t_stop": t_stop,
+           "churn": 0, "specs": [(t0 + offset, seed) for offset, seed in starts]}
+    rec, cpu = await run_clients(job, sentences, pool, t0)
     after, wall = scrape(base), time.monotonic() - t0
     kept = [(a * 1000, tail) for t, a, tail in rec.added if warm <= t <= t_stop]
     added = [a for a, _ in kept]
@@ -302,30 +459,33 @@ async def ramp_level(args, n, sentences, headers, base) -> dict:
             "queue_p99_ms": 1000 * histogram_quantile(before, after, "simulserve_queue_seconds", args.model, 0.99),
             "tail_steps": after.get(f'simulserve_tail_steps_total{{model="{args.model}"}}', 0)
             - before.get(f'simulserve_tail_steps_total{{model="{args.model}"}}', 0), "steps": sc,
-            "client_cpu": (_cpu() - cpu0) / wall, "errors": dict(rec.errors),
+            **client_figures(rec, cpu), "errors": dict(rec.errors),
             "real_time": (p99 if args.real_time_on == "all" else live_p99) <= args.max_p99_ms
             and not rec.errors}
 
 
-async def throughput(args, model, sentences, headers, base) -> dict:
+async def throughput(args, model, sentences, headers, base, pool: ClientPool | None = None) -> dict:
     rng = random.Random(args.seed)
-    rec, before = Record(), scrape(base)
+    seeds = [rng.random() for _ in range(args.throughput_streams)]
+    before = scrape(base)
     t0 = time.monotonic()
-    await asyncio.gather(*(flooder(args.url, model, headers, sentences, t0 + args.throughput_seconds, rec,
-                                   random.Random(rng.random())) for _ in range(args.throughput_streams)))
+    job = {"kind": "flood", "url": args.url, "model": model, "headers": headers,
+           "t_stop": t0 + args.throughput_seconds, "specs": seeds}
+    rec, cpu = await run_clients(job, sentences, pool, t0)
     wall, after = time.monotonic() - t0, scrape(base)
     bs, bc = delta(before, after, "simulserve_batch_size", model)
     return {"model": model, "target_words_per_s": rec.words_out / wall, "source_words_per_s": rec.words_in / wall,
-            "sentences_per_s": rec.sentences / wall, "mean_batch": bs / bc if bc else 0, "errors": dict(rec.errors)}
+            "sentences_per_s": rec.sentences / wall, "mean_batch": bs / bc if bc else 0,
+            **client_figures(rec, cpu), "errors": dict(rec.errors)}
 
 
-async def soak(args, n, sentences, headers, base) -> dict:
+async def soak(args, n, sentences, headers, base, pool: ClientPool | None = None) -> dict:
     gap, rng = 60.0 / args.wpm, random.Random(args.seed + 1)
-    rec = Record()
     t0 = time.monotonic() + 1.0
     t_stop = t0 + args.soak_seconds
-    speakers = asyncio.gather(*(speaker(args.url, args.model, headers, sentences, gap, t0 + rng.uniform(0, gap),
-                                        t_stop, rec, random.Random(rng.random()), churn=3) for _ in range(n)))
+    job = {"kind": "speak", "url": args.url, "model": args.model, "headers": headers, "gap": gap, "t_stop": t_stop,
+           "churn": 3, "specs": [(t0 + rng.uniform(0, gap), rng.random()) for _ in range(n)]}
+    speakers = asyncio.ensure_future(run_clients(job, sentences, pool, t0))
     warm = min(30.0, args.soak_seconds / 10)
     await asyncio.sleep(1.0 + warm)
     rss = lambda: scrape(base).get("process_resident_memory_bytes", 0) / 2**20  # noqa: E731
@@ -338,16 +498,11 @@ async def soak(args, n, sentences, headers, base) -> dict:
     await asyncio.sleep(max(0.0, t_stop - 1.0 - time.monotonic()))
     end = rss()
     samples.append((round(time.monotonic() - t0), round(end, 1)))
-    await speakers
+    rec, cpu = await speakers
     after = rss()
-    return {"streams": n, "seconds": args.soak_seconds, "sentences": rec.sentences, "rss_start_mb": start,
+    return {"streams": n, "seconds": args.soak_seconds, "rss_start_mb": start,
             "rss_end_mb": end, "rss_after_close_mb": after, "growth_pct": 100 * (end - start) / start if start else 0,
-            "samples_mb": samples, "errors": dict(rec.errors)}
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+            "samples_mb": samples, **client_figures(rec, cpu), "errors": dict(rec.errors)}
 
 
 def load_sentences(args) -> list[list[str]]:
@@ -395,27 +550,47 @@ async def _main(args, base) -> int:
     sentences = load_sentences(args)
     skip = set(filter(None, args.skip.split(",")))
     out = {"model": model, "wpm": args.wpm, "max_p99_ms": args.max_p99_ms, "real_time_on": args.real_time_on,
-           "cpus": os.cpu_count()}
+           "cpus": os.cpu_count(), "client_procs": args.client_procs}
     print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}, "
           f"{model.get('dtype', '?')}), speakers at {args.wpm:g} wpm, {len(sentences)} source sentences ≤ {args.max_words} words, {os.cpu_count()} CPUs")
     form = model.get("step_form", {})
     print(f"server CPU: {model.get('cpu', '?')}; step form {form.get('name', '?')}"
           + (f" ({form['choice']['reason']})" if form.get("choice") else ""))
+    pool = None
+    if args.client_procs > 1 and {"ramp", "throughput", "soak"} - skip:
+        print(f"clients: spread over {args.client_procs} client processes", flush=True)
+        pool = ClientPool(args.client_procs, sentences)
+    try:
+        await _phases(args, base, headers, sentences, skip, out, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
     best = 0
     if "ramp" not in skip:
         which = "" if args.real_time_on == "all" else " of live words"
         print(f"\nreal-time ramp ({args.level_seconds:g} s per level; real time = p99 added delay{which} ≤ "
               f"{args.max_p99_ms:g} ms)")
         print("| streams | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms | after-end p99 ms "
-              "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | tail steps | client CPU | real time |")
+              "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | tail steps | busiest client CPU "
+              "| real time |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
-        out["ramp"], baseline = [], []
+        out["ramp"], baseline, warnings = [], [], []
         for n in (int(x) for x in args.levels.split(",")):
-            r = await ramp_level(args, n, sentences, headers, base)
+            r = await ramp_level(args, n, sentences, headers, base, pool)
             out["ramp"].append(r)
+            speakers = f"{n} speaker" + "s" * (n != 1)
+            warnings.append(busy_warning(speakers, r))
             if args.baseline_url:    # level by level: both see the machine in the same state
                 other = argparse.Namespace(**{**vars(args), "url": args.baseline_url})
-                baseline.append((r, await ramp_level(other, n, sentences, headers, http_base(args.baseline_url))))
+                baseline.append((r, await ramp_level(other, n, sentences, headers, http_base(args.baseline_url),
+                                                     pool)))
+                warnings.append(busy_warning(f"{speakers} on --baseline-url", baseline[-1][1]))
             print(f"| {n} | {r['words_in_per_s']:.0f} | {r['words_out_per_s']:.0f} | {r['p50_ms']:.1f} | "
                   f"{r['p99_ms']:.1f} | {r['live_p99_ms']:.1f} | {r['tail_p99_ms']:.1f} | "
                   f"{r['server_lag_p99_ms']:.1f} | {r['queue_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
@@ -425,6 +600,16 @@ async def _main(args, base) -> int:
             if not r["real_time"]:
                 break
             best = n
+        if pool is not None:   # each client process's CPU share, level by level
+            print(f"\nclient processes' CPU (CPU s / wall s of each; warning above {CLIENT_BUSY:.0%})")
+            print("| streams | " + " | ".join(f"proc {i + 1}" for i in range(pool.n)) + " |")
+            print("|---:|" + "---:|" * pool.n)
+            for r in out["ramp"]:
+                cells = ("idle" if c is None else f"{100 * c:.0f}%" for c in r["client_procs_cpu"])
+                print(f"| {r['streams']} | " + " | ".join(cells) + " |")
+        warnings = [w for w in warnings if w]
+        if warnings:   # after a blank line: a line right below a table would read as one of its rows
+            print("\n" + "\n".join(warnings))
         out["max_real_time_streams"] = best
         print(f"\nmost concurrent real-time streams: {best}")
         if baseline:
@@ -445,22 +630,26 @@ async def _main(args, base) -> int:
                   f"({args.throughput_seconds:g} s each)")
             print("| engine | target words/s | source words/s | sentences/s | mean batch |")
             print("|---|---:|---:|---:|---:|")
-            rows = [await throughput(args, m, sentences, headers, base) for m in (args.model, args.unbatched_model)]
+            rows = [await throughput(args, m, sentences, headers, base, pool)
+                    for m in (args.model, args.unbatched_model)]
             for label, r in zip(("batched", "unbatched"), rows):
                 print(f"| {label} ({r['model']}) | {r['target_words_per_s']:.0f} | {r['source_words_per_s']:.0f} | "
                       f"{r['sentences_per_s']:.1f} | {r['mean_batch']:.1f} |", flush=True)
+            warnings = [w for label, r in zip(("batched", "unbatched"), rows)
+                        if (w := busy_warning(f"throughput, {label}", r))]
+            if warnings:
+                print("\n" + "\n".join(warnings))
             ratio = rows[0]["target_words_per_s"] / max(rows[1]["target_words_per_s"], 1e-9)
             out["throughput"] = {"rows": rows, "ratio": ratio}
             print(f"\nbatching / no batching throughput: {ratio:.1f}x")
     if "soak" not in skip:
         n = args.soak_streams or min(best or 50, 200)
         print(f"\nmemory soak: {n} speakers, {args.soak_seconds:g} s, reconnecting every 3 sentences", flush=True)
-        r = await soak(args, n, sentences, headers, base)
+        r = await soak(args, n, sentences, headers, base, pool)
         out["soak"] = r
         print(f"server RSS {r['rss_start_mb']:.1f} MB after warm-up -> {r['rss_end_mb']:.1f} MB at the end "
               f"({r['growth_pct']:+.1f}%), {r['rss_after_close_mb']:.1f} MB once all streams closed; "
               f"{r['sentences']} sentences; samples (s, MB): {r['samples_mb']}"
               + (f"; errors {r['errors']}" if r["errors"] else ""))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
-    return 0
+        if w := busy_warning("memory soak", r):
+            print(w)

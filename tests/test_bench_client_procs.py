@@ -1,0 +1,135 @@
+"""`simulserve bench server --client-procs N`: the simulated speakers spread over N client processes.
+
+A real uvicorn server on a loopback port serves a tiny untrained wait-k model (it writes words); the
+real command line runs short ramp levels against it. The figures are never asserted (two shared
+cores); what is held: the table's client-CPU column, each process's CPU in the JSON, that the
+parent's merged counts are every process's words (equal to what the server itself counted), and the
+one-line errors for bad values.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import random_decoder
+from test_server import LiveServer
+
+from clients.cli import build_parser
+from models.checkpoint import save_checkpoint
+from models.data.synthetic import make_pairs
+from server.bench import CLIENT_BUSY, Record, busy_warning, client_figures, split_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = ("| streams | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms | after-end p99 ms "
+          "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | tail steps | busiest client CPU "
+          "| real time |")
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, word_tok):
+    d = tmp_path_factory.mktemp("client_procs_ckpt")
+    save_checkpoint(d / "waitk", random_decoder(word_tok, "waitk", seed=0).model, word_tok, dtype=None)
+    src = d / "source.txt"
+    src.write_text("\n".join(s for s, _ in make_pairs(6, min_len=4, max_len=8, seed=7)) + "\n")
+    return d / "waitk", src
+
+
+def bench(url, src, out, *extra):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "clients.cli", "bench", "server", "--url", url, "--model", "bench",
+           "--input", str(src), "--level-seconds", "2", "--wpm", "300", "--max-p99-ms", "1000000",
+           "--skip", "throughput,soak", "--json", str(out), *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_speakers_spread_over_client_processes_lose_no_word(tiny_checkpoint, tmp_path, one_torch_thread):
+    ckpt, src = tiny_checkpoint
+    with LiveServer(models={"bench": str(ckpt)}, max_connections_per_ip=0, rate_limit=10000,
+                    rate_burst=10000) as srv:
+        counted = lambda name: srv.metric(name, model="bench")  # noqa: E731
+        words_in, words_out = counted("simulserve_source_words_total"), counted("simulserve_target_words_total")
+        out = tmp_path / "procs2.json"
+        # levels 1 and 4 over 2 processes: at level 1 the second process has no speaker and idles
+        r = bench(srv.url, src, out, "--levels", "1,4", "--client-procs", "2")
+        assert r.returncode == 0, r.stdout + r.stderr
+        server_in = counted("simulserve_source_words_total") - words_in
+        server_out = counted("simulserve_target_words_total") - words_out
+
+        out1 = tmp_path / "procs1.json"   # the default, one process (this process is the client)
+        r1 = bench(srv.url, src, out1, "--levels", "2")
+        assert r1.returncode == 0, r1.stdout + r1.stderr
+
+    lines = r.stdout.splitlines()
+    assert "clients: spread over 2 client processes" in lines
+    head = lines.index(HEADER)
+    rows = lines[head + 2:head + 4]
+    assert [row.split("|")[1].strip() for row in rows if row.startswith("|")] == ["1", "4"], r.stdout
+    for row in rows:   # the busiest process's CPU share, in %
+        assert row.split("|")[13].strip().endswith("%"), row
+    per_proc = lines.index("| streams | proc 1 | proc 2 |")   # each process's CPU, level by level
+    assert lines[per_proc + 2].split("|")[3].strip() == "idle"
+    assert lines[per_proc + 3].split("|")[2].strip().endswith("%")
+
+    fig = json.loads(out.read_text())
+    assert fig["client_procs"] == 2
+    levels = fig["ramp"]
+    assert [lv["streams"] for lv in levels] == [1, 4]
+    assert levels[0]["client_procs_cpu"][1] is None and levels[0]["client_procs_cpu"][0] >= 0
+    assert all(c >= 0 for c in levels[1]["client_procs_cpu"])
+    for lv in levels:
+        assert lv["client_cpu"] == max(c for c in lv["client_procs_cpu"] if c is not None)
+        assert lv["client_busy"] == (lv["client_cpu"] > CLIENT_BUSY)
+        assert lv["words_in"] > 0 and lv["words_out"] > 0 and not lv["errors"], lv
+        assert lv["timed_words"] == lv["words_out"]   # every word's delay came back from its process
+    # the merged counts are what the processes sent and received, word for word as the server counted
+    assert sum(lv["words_in"] for lv in levels) == server_in
+    assert sum(lv["words_out"] for lv in levels) == server_out
+
+    lines1 = r1.stdout.splitlines()
+    assert HEADER in lines1 and not any(ln.startswith("clients: spread over") for ln in lines1)
+    assert not any(ln.startswith("| streams | proc 1") for ln in lines1)
+    fig1 = json.loads(out1.read_text())
+    assert fig1["client_procs"] == 1 and len(fig1["ramp"][0]["client_procs_cpu"]) == 1
+    assert fig1["ramp"][0]["client_cpu"] == fig1["ramp"][0]["client_procs_cpu"][0]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "argument --client-procs: must be at least 1 (1 runs every speaker in this process), got 0"),
+    ("-3", "argument --client-procs: must be at least 1 (1 runs every speaker in this process), got -3"),
+    ("two", "argument --client-procs: expected a whole number of client processes, got 'two'"),
+])
+def test_a_bad_client_procs_is_a_one_line_error(value, message):
+    argv = ["bench", "server", "--client-procs", value]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+        build_parser(argv).parse_args(argv)
+    assert e.value.code == 2
+    assert err.getvalue().strip().splitlines()[-1] == f"simulserve bench server: error: {message}"
+    assert build_parser(argv[:2]).parse_args(argv[:2]).client_procs == 1   # the default: one process
+
+
+def test_speakers_are_dealt_evenly_and_records_merge_word_by_word():
+    assert [len(s) for s in split_specs(list(range(7)), 3)] == [3, 2, 2]
+    assert split_specs([1], 3) == [[1], [], []]   # more processes than speakers: the rest idle
+    assert sorted(x for s in split_specs(list(range(10)), 4) for x in s) == list(range(10))
+    a, b = Record(), Record()
+    a.added, a.lag_ms, a.words_in, a.words_out, a.sentences = [(1.0, 0.01, False)], [5.0], 3, 1, 1
+    b.added, b.lag_ms, b.words_in, b.words_out, b.sentences = [(2.0, 0.2, True), (2.5, 0.3, True)], [7.0, 8.0], 4, 2, 1
+    b.errors["timeout"] += 1
+    merged = Record()
+    merged.merge(a)
+    merged.merge(b)
+    assert merged.added == a.added + b.added and merged.lag_ms == [5.0, 7.0, 8.0]   # every word, not summaries
+    assert (merged.words_in, merged.words_out, merged.sentences, dict(merged.errors)) == (7, 3, 2, {"timeout": 1})
+    fig = client_figures(merged, [0.3, None, 0.95])
+    assert (fig["client_cpu"], fig["client_busiest_proc"], fig["client_busy"]) == (0.95, 3, True)
+    assert busy_warning("400 speakers", fig) == (
+        "warning: 400 speakers: client process 3 was 95 % busy: the figure may measure the client, not the "
+        "server; raise --client-procs")
+    assert busy_warning("25 speakers", client_figures(merged, [0.5])) is None
