@@ -9,7 +9,7 @@ Three rules, each applied in `StreamingDecoder._decode` (so identically for the 
   subwords twice in a row ("a drink drink", "very very very", "full power full power"), where the run
   does not start inside a word and the source read so far does not repeat itself (`StutterContext`). The models'
   most visible error; unlike `no_repeat_ngram` it leaves a phrase that comes back later alone.
-  None (the default) takes the policy's own default, `NO_STUTTER_DEFAULT`.
+  None (the default) is off for every policy (measured: docs/results.md, "Decoding options").
 - `early_eos`: what a simultaneous model's EOS means while the source has not ended. "read" (the
   reference agents' rule): a READ, and the model tries again after the next source word. "write": EOS
   is not allowed until the source has ended, so the step writes the best other token.
@@ -23,11 +23,6 @@ from functools import cached_property
 from models.errors import UserError
 
 EARLY_EOS = ("read", "write")
-# no_stutter's default per policy, from the full test sets (docs/results.md, "Decoding options"): on only
-# where BLEU falls on no set with the shipped weights. Off everywhere now: with round 6's GMA the rule
-# lowers BLEU on three sets at δ = 1 (everyday -0.18, LibreOffice -0.17, dialogue -0.11; round 4's GMA
-# gained on all six, and was shipped with it on), with wait-k at small k and with offline greedy too
-NO_STUTTER_DEFAULT: dict[str, int] = {}
 
 
 class DecodingError(UserError):
@@ -51,10 +46,12 @@ class DecodingOptions:
             raise DecodingError(f"early_eos must be one of {', '.join(EARLY_EOS)}, got {self.early_eos!r}")
 
     def for_policy(self, policy: str) -> DecodingOptions:
-        """These options with no_stutter = None replaced by the policy's default."""
+        """These options as a decoder of `policy` applies them: no_stutter = None is 0 (off). Off for every
+        policy: with the shipped weights the rule lowers BLEU on some test set for each of them (docs/results.md,
+        "Decoding options"; the per-policy default table, empty since, was removed: CHANGELOG.md)."""
         if self.no_stutter is not None:
             return self
-        return replace(self, no_stutter=NO_STUTTER_DEFAULT.get(policy, 0))
+        return replace(self, no_stutter=0)
 
 
 def banned_tokens(target: list[int], n: int) -> list[int]:
@@ -118,13 +115,6 @@ def all_bans(target: list[int], options: DecodingOptions, context: StutterContex
     return sorted(bans)
 
 
-def stutter_defaults() -> str:
-    """NO_STUTTER_DEFAULT in words, for help texts."""
-    if not NO_STUTTER_DEFAULT:
-        return "0 (off) for every policy"
-    return ", ".join(f"{n} for {policy}" for policy, n in NO_STUTTER_DEFAULT.items()) + ", 0 for the others"
-
-
 def add_decoding_arguments(parser) -> None:
     """--no-repeat-ngram, --no-stutter and --early-eos of every command that translates."""
     parser.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
@@ -132,7 +122,7 @@ def add_decoding_arguments(parser) -> None:
                              "(default 0: off)")
     parser.add_argument("--no-stutter", type=int, default=None, metavar="N",
                         help="never write a subword that repeats the last M <= N subwords right after them "
-                             "(0: off; default: " + stutter_defaults() + ")")
+                             "(default 0: off)")
     parser.add_argument("--early-eos", choices=EARLY_EOS, default="read",
                         help="an EOS before the source has ended: read (default: wait for the next word) or "
                              "write (the best other token)")

@@ -24,8 +24,6 @@ import torch
 
 from models.errors import UserError
 
-ALIASES = {"eager": "default"}   # the server's --step before the forms had names
-
 
 class StepFormError(UserError):
     pass
@@ -81,10 +79,9 @@ def step_form(form: "str | StepForm") -> StepForm:
     """The form named `form` (a StepForm passes through); StepFormError naming the choices."""
     if isinstance(form, StepForm):
         return form
-    name = ALIASES.get(form, form)
-    if name not in FORMS:
+    if form not in FORMS:
         raise StepFormError(f"unknown step form {form!r}: one of {', '.join(FORMS)}")
-    return FORMS[name]
+    return FORMS[form]
 
 
 STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "

@@ -86,8 +86,7 @@ class ServerState:
                              "cached timing" if c.cached else "timing", c.cpu, c.reason, c.table())
                 eng = ModelEngine(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
-                                  batch_window_ms=s.batch_window_ms, continuations=s.continuations,
-                                  tail_burst_ms=s.tail_burst_ms,
+                                  batch_window_ms=s.batch_window_ms,
                                   max_k=s.max_k, max_delta=s.max_delta,
                                   max_output_messages=s.max_output_messages)
                 if s.warmup:

@@ -13,8 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-from models.decoding import stutter_defaults
-
 # flag -> (settings field, argparse keywords)
 FLAGS = {
     "--host": ("host", {}),
@@ -27,8 +25,7 @@ FLAGS = {
     "--no-repeat-ngram": ("no_repeat_ngram", {"type": int, "help": "never write a subword that repeats an N-gram "
                                                                    "of the sentence's translation (default 0: off)"}),
     "--no-stutter": ("no_stutter", {"type": int, "help": "never write a subword that repeats the last M <= N "
-                                                         "subwords right after them (0: off; default: "
-                                                         + stutter_defaults() + ")"}),
+                                                         "subwords right after them (default 0: off)"}),
     "--early-eos": ("early_eos", {"help": "an EOS before the source has ended: read (default: wait for the next "
                                           "word) or write (the best other token)"}),
     "--boundary-model": ("boundary_model", {"help": "the sentence-boundary classifier of auto_segment "
@@ -37,11 +34,6 @@ FLAGS = {
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
-    "--tail-burst-ms": ("tail_burst_ms", {"type": float, "help": "after each step, sentences whose source has "
-                                                                 "ended step on by themselves for up to this "
-                                                                 "long (default 0: off, which measured better)"}),
-    "--continuations": ("continuations", {"type": int, "help": "extra steps per job for streams that sent "
-                                                               "nothing yet (default 0: one step per job)"}),
     "--max-streams": ("max_streams", {"type": int, "help": "concurrent streams (default 512)"}),
     "--max-message-bytes": ("max_message_bytes", {"type": int}),
     "--max-words-per-sentence": ("max_words_per_sentence", {"type": int}),

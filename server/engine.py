@@ -5,8 +5,7 @@
                                 (new input, or a policy that is not waiting),
                                 after an idle spell wait ≤ batch_window_ms for more
     executor (one thread)     : apply the queued commands, run ONE batched
-                                StreamingDecoder.step() for all of them (more only
-                                with the `continuations` setting), free the
+                                StreamingDecoder.step() for all of them, free the
                                 slots of finished sentences and closed streams
     scheduler                 : route each stream's words/sentence results to its queue
 
@@ -30,7 +29,7 @@ from models.cpu_info import cpu_summary
 from models.metrics.latency import sentence_scores
 from models.policy import Policy, PolicyError, make_policy
 from models.step import StreamingDecoder
-from models.stream import READ, WRITE, StreamError, StreamState, TargetWord
+from models.stream import StreamError, StreamState, TargetWord
 from server.protocol import error as _error
 
 log = logging.getLogger("simulserve.engine")
@@ -68,12 +67,11 @@ class StreamHandle:
 
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,
-                 batch_window_ms: float = 2.0, continuations: int = 0, max_k: int = 32,
-                 max_delta: float = 16.0, max_output_messages: int = 20000, tail_burst_ms: float = 0.0):
+                 batch_window_ms: float = 2.0, max_k: int = 32, max_delta: float = 16.0,
+                 max_output_messages: int = 20000):
         self.name, self.dec, self.cfg, self.tok = name, decoder, decoder.cfg, decoder.tok
         self.metrics = metrics
-        self.max_batch, self.window, self.continuations = max_batch, batch_window_ms / 1000, continuations
-        self.tail_burst = tail_burst_ms / 1000
+        self.max_batch, self.window = max_batch, batch_window_ms / 1000
         self.max_k, self.max_delta, self.max_output = max_k, max_delta, max_output_messages
         self.handles: dict[int, StreamHandle] = {}
         self._to_close: list[StreamState] = []
@@ -241,14 +239,12 @@ class ModelEngine:
                 self._running = set()
             self._route(ready, *result)
 
-    def _route(self, batch: list[StreamHandle], events: dict, steps: list[tuple[int, float, bool]]) -> None:
+    def _route(self, batch: list[StreamHandle], events: dict, steps: list[tuple[int, float]]) -> None:
         m, name = self.metrics, self.name
-        for n_stepped, seconds, tail in steps:
+        for n_stepped, seconds in steps:
             self.steps += 1
             m.batch_size.labels(name).observe(n_stepped)
             m.step_seconds.labels(name).observe(seconds)
-            if tail:
-                m.tail_steps.labels(name).inc()
         now = time.monotonic()
         lag = m.word_lag_seconds.labels(name)
         for h in batch:
@@ -287,36 +283,18 @@ class ModelEngine:
                 log.exception("stream %s: applying input failed", h.id)
                 self._fail(h, events[h.id], e)
         stepping = [h for h in batch if h.state is not None and not h.state.blocked and not h.state.done]
-        steps: list[tuple[int, float, bool]] = []   # (batch size, seconds, tail burst) of each step of this job
-        # With continuations > 0, a stream whose step sent nothing to its client (a READ that took
-        # new input, or a WRITE of a piece that completes no word yet) is stepped again in the same
-        # job: its actions are unchanged, only their grouping into jobs. Off by default: on CPU
-        # the longer jobs delayed the other streams more than the saved round trips gained.
-        for _ in range(self.continuations + 1):
-            if not stepping:
-                break
-            stepping = self._step(stepping, events, steps, again=lambda h, s, o: (
-                (o.action == READ and not s.blocked) or (o.action == WRITE and not o.words)))
-            if stepping is None:
-                return events, steps
-        # The tail: a sentence whose source has ended owes its client the rest of its translation,
-        # one piece per step. With tail_burst > 0 those streams step on by themselves, back to back
-        # in their own small batch, until done or the budget has passed. Off by default: measured
-        # (docs/benchmarks.md), the extra small steps filled the executor and every word waited
-        # longer than when the tails simply step with everyone else, one piece per job.
-        deadline = time.perf_counter() + self.tail_burst
-        tails = [h for h in batch if _in_tail(h)]
-        while tails and time.perf_counter() < deadline:
-            tails = self._step(tails, events, steps, again=lambda h, s, o: _in_tail(h), tail=True)
-            if tails is None:
-                return events, steps
+        steps: list[tuple[int, float]] = []   # (batch size, seconds) of the job's step
+        # One step per job, the tails of ended sentences included (one piece each). Two ways to step
+        # some streams again within a job measured worse and were removed (CHANGELOG, Unreleased).
+        if stepping and not self._step(stepping, events, steps):
+            return events, steps
         for h in batch:
             h.read = h.read_before + (_consumed(h) if h.state is not None else 0)
         return events, steps
 
-    def _step(self, stepping: list[StreamHandle], events: dict, steps: list, again, tail: bool = False):
-        """One batched step of `stepping`; their words become events. Returns the streams for which
-        again(handle, state, output) holds, or None if the step failed (those streams are closed)."""
+    def _step(self, stepping: list[StreamHandle], events: dict, steps: list) -> bool:
+        """One batched step of `stepping`; their words become events. False if the step failed
+        (those streams are closed)."""
         t0 = time.perf_counter()
         try:
             outs = self.dec.step([h.state for h in stepping])
@@ -324,11 +302,10 @@ class ModelEngine:
             log.exception("model %s: batched step failed", self.name)
             for h in stepping:
                 self._fail(h, events[h.id], e)
-            return None
+            return False
         seconds = time.perf_counter() - t0
-        steps.append((len(stepping), seconds, tail))
+        steps.append((len(stepping), seconds))
         now, share = time.monotonic(), seconds / len(stepping)
-        more = []
         for h, o in zip(stepping, outs):
             h.compute += share
             s = h.state
@@ -339,9 +316,7 @@ class ModelEngine:
                 self.dec.close(s)     # free the slot now; the results stay on the state
                 if s.end_received:
                     self._finish(h, events[h.id], now)
-            elif again(h, s, o):
-                more.append(h)
-        return more
+        return True
 
     def _finish(self, h: StreamHandle, events: list[dict], now: float) -> None:
         s = h.state
@@ -411,12 +386,6 @@ class ModelEngine:
             except Exception:  # noqa: BLE001
                 log.exception("closing a failed stream")
             h.state = None
-
-
-def _in_tail(h: StreamHandle) -> bool:
-    """The stream's sentence has ended at the source and it can still write (its tail)."""
-    s = h.state
-    return s is not None and s.end_received and not s.done and not s.blocked
 
 
 def _consumed(h: StreamHandle) -> int:

@@ -42,8 +42,6 @@ class Metrics:
         self.queue_seconds = Histogram("simulserve_queue_seconds", "from a stream having something to do "
                                        "(input arrived, or its last step left it able to move on) to the start "
                                        "of the job that steps it", ["model"], buckets=_QUEUE, registry=r)
-        self.tail_steps = Counter("simulserve_tail_steps", "steps of sentences whose source has ended, run "
-                                  "back to back after a job's step (the tail burst)", ["model"], registry=r)
         self.word_lag_seconds = Histogram("simulserve_word_lag_seconds", "from the arrival of the input a target "
                                           "word needed to its emission (queueing + compute)", ["model"],
                                           buckets=_MS, registry=r)

@@ -16,11 +16,16 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, YamlConfigSettingsSource
 
-from models.decoding import stutter_defaults
-
 
 class SettingsError(ValueError):
     pass
+
+
+# Settings that were removed, and why: a file or environment that still sets one fails naming it.
+REMOVED = {
+    "tail_burst_ms": "removed: the tail burst measured worse than stepping tails with the others (CHANGELOG.md)",
+    "continuations": "removed: extra steps per job measured worse than one step per job (CHANGELOG.md)",
+}
 
 
 class ServerSettings(BaseSettings):
@@ -39,12 +44,11 @@ class ServerSettings(BaseSettings):
         "auto", description="the step's form (models/step_form.py): auto (the fastest of default, int8 and plain, "
                             "timed at start-up on this machine and cached; models/step_choice.py); default (float32 packed); int8 (int8 weights, CPU); "
                                "compiled (torch.compile with padded shapes, CUDA graphs on CUDA; each new shape "
-                               "compiles once, which takes seconds to minutes); host, sync-free, static, plain. "
-                               "`eager` = default")
+                               "compiles once, which takes seconds to minutes); host, sync-free, static, plain")
     no_repeat_ngram: int = Field(0, ge=0, le=16, description="never write a subword that repeats an N-gram of the "
                                                            "sentence's translation (0: off)")
     no_stutter: int | None = Field(None, ge=0, le=16, description="never write a subword that repeats the last "
-                                   "M <= N subwords right after them (0: off; default: " + stutter_defaults() + ")")
+                                   "M <= N subwords right after them (default 0: off)")
     early_eos: Literal["read", "write"] = Field("read", description="an EOS before the source has ended: read "
                                                                     "(wait for the next word) or write (the best "
                                                                     "other token)")
@@ -56,13 +60,6 @@ class ServerSettings(BaseSettings):
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
                                                                    "more streams to batch with")
     max_batch: int = Field(256, ge=1, description="most streams in one batched step")
-    tail_burst_ms: float = Field(0.0, ge=0, le=1000, description="after each job's step, sentences whose source "
-                                                                "has ended step on by themselves for up to this "
-                                                                "long (0, the default: they step with the others, "
-                                                                "which measured better: docs/benchmarks.md)")
-    continuations: int = Field(0, ge=0, le=64, description="extra steps in one job for streams that sent "
-                                                           "nothing to their client yet (0: one step per job; "
-                                                           "measured worse on CPU, see CHANGELOG.md)")
     no_batching: Annotated[list[str], NoDecode] = Field(default_factory=list,
                                                         description="models stepped one stream at a time")
     warmup: bool = Field(True, description="run one tiny sentence through each model before serving")
@@ -165,10 +162,16 @@ def load_settings(config_file: str | os.PathLike | None = None, **overrides) -> 
                 sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
             return tuple(sources)
 
+    # unknown SIMULSERVE_* variables are not read at all (other tools use the prefix too): look for the removed
+    stale = [f"SIMULSERVE_{name.upper()} ({why})" for name, why in REMOVED.items()
+             if any(k.upper() == f"SIMULSERVE_{name.upper()}" for k in os.environ)]
+    if stale:
+        raise SettingsError("invalid settings: unset " + "; ".join(stale))
     try:
         s = _Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as e:  # pydantic ValidationError is a ValueError
-        raise SettingsError(f"invalid settings: {e}") from None
+        hints = [f"{name}: {why}" for name, why in REMOVED.items() if f"\n{name}\n" in f"\n{e}\n"]
+        raise SettingsError(f"invalid settings: {e}" + "".join(f"\n{h}" for h in hints)) from None
     return s
 
 

@@ -13,7 +13,7 @@ from test_streaming_equivalence import SENTENCES, chosen_tokens, context_at, tea
 
 from models import decoding
 from models.checkpoint import load_checkpoint
-from models.decoding import (NO_STUTTER_DEFAULT, DecodingError, DecodingOptions, all_bans, banned_tokens,
+from models.decoding import (DecodingError, DecodingOptions, all_bans, banned_tokens,
                              StutterContext, stutter_tokens)
 from models.data.synthetic import make_pairs
 from models.step import StreamingDecoder
@@ -105,18 +105,15 @@ def test_stutter_tokens():
         DecodingOptions(no_stutter=17)
 
 
-@pytest.mark.parametrize("defaults", [{}, {"gma": 7}])
-def test_no_stutter_defaults_to_the_policy_default(word_tok, monkeypatch, defaults):
-    """None (every front end's default) becomes NO_STUTTER_DEFAULT's value for the model's policy (off
-    for every policy with the shipped weights; a policy with a default gets it); an explicit value,
-    0 included, is kept."""
-    monkeypatch.setattr(decoding, "NO_STUTTER_DEFAULT", defaults)
+def test_no_stutter_is_off_by_default(word_tok):
+    """None (every front end's default) is 0 (off) for every policy; an explicit value, 0 included,
+    is kept."""
     for policy in POLICIES:
         dec = random_decoder(word_tok, policy)
-        assert dec.options.no_stutter == defaults.get(policy, 0)
+        assert dec.options.no_stutter == 0
         assert with_options(dec, no_stutter=0).options.no_stutter == 0
         assert with_options(dec, no_stutter=5).options.no_stutter == 5
-    assert decoding.stutter_defaults() == ("7 for gma, 0 for the others" if defaults else "0 (off) for every policy")
+    assert not hasattr(decoding, "NO_STUTTER_DEFAULT")   # the per-policy table, empty, was removed
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -227,16 +224,13 @@ def test_server_applies_the_options(trained):
     assert_matches(received, [simulate(dec, [s], batch_size=1, k=2)[0] for s in sentences])
 
 
-def test_server_reports_each_models_default(trained, monkeypatch):
-    """Without the setting, each model gets its policy's no_stutter default, and the server says which
-    (a default for GMA set here: the shipped defaults are all off)."""
+def test_server_reports_each_models_default(trained):
+    """Without the setting, every model's no_stutter is 0 (off), and the server says so."""
     import httpx
     from test_server import LiveServer
-    assert NO_STUTTER_DEFAULT == {}
-    monkeypatch.setattr(decoding, "NO_STUTTER_DEFAULT", {"gma": 9})
     with LiveServer(models={"gma": str(trained["gma"]), "waitk": str(trained["waitk"])}) as srv:
         info = {m["name"]: m["decoding"] for m in httpx.get(srv.http + "/v1/models").json()["models"]}
-    assert info["gma"]["no_stutter"] == 9
+    assert info["gma"]["no_stutter"] == 0
     assert info["waitk"]["no_stutter"] == 0
 
 

@@ -194,6 +194,26 @@ def test_an_empty_api_key_is_refused_at_start_up(trained, monkeypatch):
     assert load_settings().api_keys == ["good"]
 
 
+def test_removed_settings_fail_naming_the_setting(tmp_path, monkeypatch, capsys):
+    """`tail_burst_ms` and `continuations` were removed (they measured worse): a settings file, an
+    environment variable or a flag that still sets one stops the server with its name."""
+    from clients.cli import main
+    for name, value in (("tail_burst_ms", "20"), ("continuations", "3")):
+        yaml = tmp_path / f"{name}.yaml"
+        yaml.write_text(f"{name}: {value}\n")
+        with pytest.raises(SettingsError, match=rf"(?s){name}.*Extra inputs.*{name}: removed"):
+            load_settings(yaml)
+        monkeypatch.setenv(f"SIMULSERVE_{name.upper()}", value)
+        with pytest.raises(SettingsError, match=f"SIMULSERVE_{name.upper()} \\(removed"):
+            load_settings()
+        monkeypatch.delenv(f"SIMULSERVE_{name.upper()}")
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", flag, value])
+        assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    assert load_settings().max_batch == 256
+
+
 # ---------------------------------------------------------------- 5 + 7. request heads: size, count, time
 def _raw(port: int, data: bytes, *, trickle: float = 0.0, timeout: float = 10) -> tuple[bytes, float]:
     """Send `data` on a plain TCP socket (byte by byte every `trickle` s); the reply and when it ended."""

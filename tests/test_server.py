@@ -213,16 +213,6 @@ def test_stream_equals_translate(policy, server, reference):
     check_stream_equals_translate(server.url, policy, reference)
 
 
-def test_continued_steps_stream_the_same(trained, reference):
-    """`continuations 3` (a stream that sent nothing yet is stepped again within its job) gives
-    the same words and delays as the default, where every step is a scheduler job of its own."""
-    with LiveServer(models={p: str(path) for p, path in trained.items()}, continuations=3,
-                    rate_limit=10000, rate_burst=10000) as srv:
-        for policy in SETTINGS:
-            check_stream_equals_translate(srv.url, policy, reference)
-        assert srv.metric("simulserve_step_seconds_count", model="gma") > 0
-
-
 def check_stream_equals_translate(url, policy, reference):
     sentences = [s for s, _ in make_pairs(6, min_len=1, max_len=9, seed=11)] + LONG
 
