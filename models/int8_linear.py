@@ -43,11 +43,13 @@ def _packed_weight(weight: torch.Tensor) -> tuple[object, torch.Tensor]:
     """FBGEMM's packed int8 weight (per output channel) and the channel scales."""
     scale = weight.abs().amax(1) / WEIGHT_QMAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    # the integers rounded here, in float32 (quantize_per_channel's own rounding differs on a few weights
+    # that sit on a half step), then wrapped as FBGEMM's per-channel int8 tensor
+    ints = torch.round(weight / scale[:, None]).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX).to(torch.int8)
     with warnings.catch_warnings():   # quantized tensor creation is marked deprecated; used once, here
         warnings.simplefilter("ignore")
-        q = torch.quantize_per_channel(weight, scale.double(), torch.zeros(len(scale), dtype=torch.long),
-                                       0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(q, None), q.dequantize()
+        q = torch._make_per_channel_quantized_tensor(ints, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(q, None), ints.float() * scale[:, None]
 
 
 def int8_available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -1,18 +1,20 @@
-"""The engine of one model: a scheduler on the event loop, an executor thread for the model.
+"""The engine of one model: a stepping loop on a thread of its own, fed by the event loop.
 
-    websocket handlers ──push/end──► StreamHandle.commands (per stream, ordered)
-    scheduler (asyncio task)  : gather the streams that can make progress
-                                (new input, or a policy that is not waiting),
-                                after an idle spell wait ≤ batch_window_ms for more
-    executor (one thread)     : apply the queued commands, run ONE batched
-                                StreamingDecoder.step() for all of them, free the
-                                slots of finished sentences and closed streams
-    scheduler                 : route each stream's words/sentence results to its queue
+    websocket handlers ──push/end──► StreamHandle.commands (per stream, ordered) + wake
+    engine thread (one per model), back to back, never waiting for the event loop:
+        gather the streams that can make progress (new input, or a policy that is not
+        waiting; after an idle spell wait ≤ batch_window_ms for more), apply their queued
+        commands, run ONE batched StreamingDecoder.step() for all of them, free the slots
+        of finished sentences and closed streams, hand the job's words to the event loop
+        (one call_soon_threadsafe per job), and go on with the next job at once
+    event loop                : put each stream's words/sentence results on its queue
 
-Only the executor thread touches the decoder, its cache pool and the stream
-states, and it runs one job at a time, so nothing needs a lock: handlers only
-append to a deque (atomic) and set counters; the scheduler reads stream states
-only while no job runs. Model compute never runs on the event loop.
+Only the engine thread touches the decoder, its cache pool and the stream states: handlers
+only append to a deque (atomic), set counters and wake the thread; a closed stream is handed
+over too (`detach`), and work such as warm-up and cache shrinking runs on the thread through
+`call`. Model compute never runs on the event loop, and the loop's websocket work never sits
+between two steps: a sentence's tail (its last subwords, after the source has ended) is written
+one piece per step at the step rate, not at the rate of event-loop round trips.
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Callable
 
 from models.cpu_info import cpu_summary
@@ -74,11 +77,12 @@ class ModelEngine:
         self.max_batch, self.window = max_batch, batch_window_ms / 1000
         self.max_k, self.max_delta, self.max_output = max_k, max_delta, max_output_messages
         self.handles: dict[int, StreamHandle] = {}
-        self._to_close: list[StreamState] = []
-        self._running: set[int] = set()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{name}")
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._detached: deque[StreamHandle] = deque()   # loop appends, engine thread closes their states
+        self._calls: deque[tuple[Callable, Future]] = deque()   # work for the engine thread (`call`)
+        self._wake = threading.Event()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self.steps = 0
         self.typical_batch = 1.0   # moving average of streams per job: what a batching window waits for
 
@@ -138,21 +142,33 @@ class ModelEngine:
         self._wake.set()
 
     def detach(self, h: StreamHandle) -> None:
-        """The client is gone: forget the stream; its cache slot is freed before the next step."""
+        """The client is gone: forget the stream; the engine thread frees its cache slot before its
+        next step (only that thread touches stream states)."""
         if h.closed:
             return
         h.closed = True
         self.handles.pop(h.id, None)
         self.metrics.model_streams.labels(self.name).dec()
-        if h.id not in self._running and h.state is not None:
-            self._to_close.append(h.state)
-            h.state = None
-        if self._wake is not None:
-            self._wake.set()
+        self._detached.append(h)
+        self._wake.set()
 
     # ---- life cycle -------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._core, name=f"engine-{self.name}", daemon=True)
+            self._thread.start()
+
+    def call(self, fn: Callable) -> Future:
+        """Run fn() on the engine thread between two jobs (the thread that owns the decoder: warm-up,
+        cache shrinking, and on a GPU whatever must run where graphs replay); its Future."""
+        self._ensure_thread()
+        f: Future = Future()
+        self._calls.append((fn, f))
+        self._wake.set()
+        return f
+
     def warmup(self) -> None:
-        """One tiny sentence through the model (first-call costs), before serving; worker thread."""
+        """One tiny sentence through the model (first-call costs), before serving; engine thread."""
         def run():
             s = self.dec.new_stream(**({"k": 1} if self.cfg.policy == "waitk" else {}))
             try:
@@ -161,32 +177,31 @@ class ModelEngine:
                 self.dec.advance([s])
             finally:
                 self.dec.close(s)
-        self._executor.submit(run).result()
+        self.call(run).result()
 
     async def start(self) -> None:
-        self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name=f"scheduler-{self.name}")
+        self._loop = asyncio.get_running_loop()
+        self._ensure_thread()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
 
     async def shrink_cache(self) -> None:
-        """Give back cache slots that stayed unused since the last call (in the executor: only it
+        """Give back cache slots that stayed unused since the last call (on the engine thread: only it
         touches the pool)."""
-        loop = asyncio.get_running_loop()
-        given = await loop.run_in_executor(self._executor, self.dec.pool.shrink)
+        given = await asyncio.wrap_future(self.call(self.dec.pool.shrink))
         self.metrics.cache_capacity.labels(self.name).set(self.dec.pool.capacity)
         if given:
             log.info("model %s: %d idle cache slots given back (%d left)", self.name, given,
                      self.dec.pool.capacity)
 
-    # ---- scheduler (event loop) --------------------------------------------------------
+    # ---- the stepping loop (engine thread) ---------------------------------------------
     def _ready(self) -> list[StreamHandle]:
         out = []
-        for h in self.handles.values():
+        for h in list(self.handles.values()):   # (one C-level copy: handlers may attach meanwhile)
             s = h.state
             if s is None or s.done:    # (done early: the model wrote EOS before the source ended)
                 if h.commands:
@@ -198,61 +213,93 @@ class ModelEngine:
                 out.append(h)
         return out
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        idle = True
-        while True:
-            ready = self._ready()
-            if not ready and not self._to_close:
-                self._wake.clear()
-                await self._wake.wait()
-                idle = True
-                continue
-            # buffered re-batching, after an idle spell: wait a little for as many streams as jobs
-            # have had lately (none with one speaker; up to the window under load)
-            want = min(self.max_batch, len(self.handles), round(self.typical_batch))
-            if idle and ready and self.window > 0 and len(ready) < want:
-                t0 = loop.time()
-                while len(ready) < want and (left := t0 + self.window - loop.time()) > 0:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), left)
-                    except TimeoutError:
-                        pass
-                    ready = self._ready()
-                self.metrics.batch_wait_seconds.labels(self.name).observe(loop.time() - t0)
-            idle = False
-            if len(ready) > self.max_batch:  # fairness: the streams stepped longest ago first
-                ready.sort(key=lambda h: h.last_step)
-                ready = ready[: self.max_batch]
-            closing, self._to_close = self._to_close, []
-            self._running = {h.id for h in ready}
-            self.typical_batch += 0.2 * (len(ready) - self.typical_batch)
-            now, queued = time.monotonic(), self.metrics.queue_seconds.labels(self.name)
-            for h in ready:   # how long each stream waited with something to do
-                if h.ready_since is not None:
-                    queued.observe(now - h.ready_since)
-                h.ready_since = None
-            try:
-                result = await loop.run_in_executor(self._executor, self._execute, ready, closing)
-            finally:
-                self._running = set()
-            self._route(ready, *result)
+    def _housekeeping(self) -> None:
+        """Calls handed to the thread, and the states of streams whose client has gone."""
+        while self._calls:
+            fn, f = self._calls.popleft()
+            if f.set_running_or_notify_cancel():
+                try:
+                    f.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - the caller gets it
+                    f.set_exception(e)
+        freed = False
+        while self._detached:
+            h = self._detached.popleft()
+            if h.state is not None:
+                self.dec.close(h.state)
+                h.state, freed = None, True
+        if freed:
+            self.metrics.cache_slots.labels(self.name).set(self.dec.streams_in_cache)
 
-    def _route(self, batch: list[StreamHandle], events: dict, steps: list[tuple[int, float]]) -> None:
+    def _core(self) -> None:
+        idle = True
+        while not self._stopping:
+            try:
+                self._housekeeping()
+                ready = self._ready() if self._loop is not None else []
+                if not ready:
+                    self._wake.wait()
+                    self._wake.clear()
+                    idle = True
+                    continue
+                idle = self._job(ready, idle)
+            except Exception:  # noqa: BLE001 - the loop must outlive any one job's fault
+                log.exception("model %s: engine loop error", self.name)
+                time.sleep(0.01)
+        self._housekeeping()
+
+    def _job(self, ready: list[StreamHandle], idle: bool) -> bool:
+        # buffered re-batching, after an idle spell: wait a little for as many streams as jobs
+        # have had lately (none with one speaker; up to the window under load)
+        want = min(self.max_batch, len(self.handles), round(self.typical_batch))
+        if idle and self.window > 0 and len(ready) < want:
+            t0 = time.monotonic()
+            while len(ready) < want and (left := t0 + self.window - time.monotonic()) > 0:
+                self._wake.wait(left)
+                self._wake.clear()
+                ready = self._ready()
+            self.metrics.batch_wait_seconds.labels(self.name).observe(time.monotonic() - t0)
+        if len(ready) > self.max_batch:  # fairness: the streams stepped longest ago first
+            ready.sort(key=lambda h: h.last_step)
+            ready = ready[: self.max_batch]
+        self.typical_batch += 0.2 * (len(ready) - self.typical_batch)
+        now, queued = time.monotonic(), self.metrics.queue_seconds.labels(self.name)
+        for h in ready:   # how long each stream waited with something to do
+            if h.ready_since is not None:
+                queued.observe(now - h.ready_since)
+            h.ready_since = None
+        events, steps = self._execute(ready)
+        self._account(ready, steps)
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._deliver, ready, events)
+        # give the interpreter to the event loop if it waits for it (it reads the websockets that feed
+        # the next job): without this, under overload the loop got the GIL only at the 5 ms switch interval
+        time.sleep(0)
+        return False
+
+    def _account(self, batch: list[StreamHandle], steps: list[tuple[int, float]]) -> None:
+        """The job's metrics, and which of its streams can move on at once (engine thread)."""
         m, name = self.metrics, self.name
         for n_stepped, seconds in steps:
             self.steps += 1
             m.batch_size.labels(name).observe(n_stepped)
             m.step_seconds.labels(name).observe(seconds)
         now = time.monotonic()
-        lag = m.word_lag_seconds.labels(name)
         for h in batch:
             h.last_step = now
-            if h.closed:                  # detached during the step
-                if h.state is not None:
-                    self._to_close.append(h.state)
-                    h.state = None
+            s = h.state
+            if h.commands or (s is not None and not s.blocked and not s.done):
+                h.ready_since = now   # it can move on: it queues from here
+        m.cache_slots.labels(name).set(self.dec.streams_in_cache)
+        m.cache_capacity.labels(name).set(self.dec.pool.capacity)
+
+    # ---- routing (event loop) -------------------------------------------------------------
+    def _deliver(self, batch: list[StreamHandle], events: dict) -> None:
+        """Each stream's words and sentence results of one job onto its queue (event loop)."""
+        m, name = self.metrics, self.name
+        lag = m.word_lag_seconds.labels(name)
+        for h in batch:
+            if h.closed:                  # gone during the job: nobody reads its queue
                 continue
             for ev in events.get(h.id, ()):
                 if ev["type"] == "word":
@@ -263,16 +310,9 @@ class ModelEngine:
                 h.out.put_nowait(ev)
             if h.out.qsize() > self.max_output and h.kill is not None:
                 h.kill("slow_consumer")
-            s = h.state
-            if h.commands or (s is not None and not s.blocked and not s.done):
-                h.ready_since = now   # it can move on: it queues from here
-        m.cache_slots.labels(name).set(self.dec.streams_in_cache)
-        m.cache_capacity.labels(name).set(self.dec.pool.capacity)
 
-    # ---- executor (worker thread) ----------------------------------------------------
-    def _execute(self, batch: list[StreamHandle], closing: list[StreamState]):
-        for s in closing:
-            self.dec.close(s)
+    # ---- one job (engine thread) ---------------------------------------------------------
+    def _execute(self, batch: list[StreamHandle]):
         events: dict[int, list[dict]] = {h.id: [] for h in batch}
         for h in batch:
             try:

@@ -27,7 +27,7 @@ from server.bench import CLIENT_BUSY, Record, busy_warning, client_figures, spli
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ("| streams | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms | after-end p99 ms "
-          "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | tail steps | busiest client CPU "
+          "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | stepping | busiest client CPU "
           "| real time |")
 
 

@@ -59,17 +59,19 @@ def test_int8_linear_is_the_explicit_integer_computation():
     """What FBGEMM computes is the scheme written out: rows rounded to 7-bit integers, times the
     int8 weights, times both scales, plus the bias."""
     torch.manual_seed(5)
-    lin = nn.Linear(96, 40)
-    q = Int8Linear.of(lin)
-    x = torch.randn(9, 96) * 3
-    scaled, scale = quantize_rows(x)
-    wscale = lin.weight.detach().abs().amax(1) / 127
-    qweight = torch.round(lin.weight.detach() / wscale[:, None])
-    assert qweight.abs().max() == 127
-    ref = (torch.round(scaled) @ qweight.t()) * wscale * scale + lin.bias.detach()
-    with torch.no_grad():
-        torch.testing.assert_close(q(x), ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(q.dequantized_weight(), qweight * wscale[:, None])
+    # the shipped model's shapes too: with many weights, some sit on a half step of their grid
+    for n_in, n_out in ((96, 40), (1024, 256), (256, 8000)):
+        lin = nn.Linear(n_in, n_out)
+        q = Int8Linear.of(lin)
+        x = torch.randn(9, n_in) * 3
+        scaled, scale = quantize_rows(x)
+        wscale = lin.weight.detach().abs().amax(1) / 127
+        qweight = torch.round(lin.weight.detach() / wscale[:, None])
+        assert qweight.abs().max() == 127
+        ref = (torch.round(scaled) @ qweight.t()) * wscale * scale + lin.bias.detach()
+        with torch.no_grad():
+            torch.testing.assert_close(q(x), ref, rtol=1e-5, atol=1e-5)
+            assert torch.equal(q.dequantized_weight(), qweight * wscale[:, None])
 
 
 def test_int8_sums_do_not_saturate_at_the_largest_values():

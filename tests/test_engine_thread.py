@@ -1,0 +1,62 @@
+"""The engine's stepping loop runs on a thread of its own: every use of the decoder (warm-up, steps,
+freeing a closed stream, shrinking the cache) happens on that one thread, the event loop never steps,
+and streams still receive exactly what the single-stream computation writes."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+from test_server import LiveServer, assert_matches, connect, sentence_messages, talk
+from test_streaming_equivalence import SENTENCES
+
+from models.translate import simulate
+
+
+def spy_on_the_decoder(engine) -> list[str]:
+    """Record the thread of every call that reads or changes the decoder's state."""
+    names: list[str] = []
+    dec = engine.dec
+    for attr in ("step", "new_stream", "close", "push", "finish"):
+        real = getattr(dec, attr)
+
+        def spy(*a, _real=real, **k):
+            names.append(threading.current_thread().name)
+            return _real(*a, **k)
+        setattr(dec, attr, spy)
+    real_shrink = dec.pool.shrink
+
+    def shrink():
+        names.append(threading.current_thread().name)
+        return real_shrink()
+    dec.pool.shrink = shrink
+    return names
+
+
+def test_only_the_engine_thread_touches_the_decoder(trained, trained_decoders):
+    with LiveServer(models={"gma": str(trained["gma"])}, warmup=False, rate_limit=10000,
+                    rate_burst=10000) as srv:
+        engine = srv.app.state.server.engines["gma"]
+        names = spy_on_the_decoder(engine)
+        loop_thread = srv.thread.name
+
+        async def main():
+            streams = [talk(srv.url, [{"type": "start", "model": "gma", "delta": d}] + sentence_messages(SENTENCES[:3])
+                            + [{"type": "end_stream"}], timeout=120) for d in (0.5, 1.0, 2.0)]
+            done = await asyncio.gather(*streams)
+            ws = await connect(srv.url)             # a stream that leaves mid-sentence: its slot is freed
+            await ws.send(json.dumps({"type": "start", "model": "gma"}))
+            await ws.send(json.dumps({"type": "words", "words": SENTENCES[0].split()[:3]}))
+            assert json.loads(await ws.recv())["type"] == "ready"
+            await ws.close()
+            return done
+        results = asyncio.run(main())
+        assert srv.wait_metric("simulserve_cache_slots_in_use", 0, model="gma") == 0
+        engine.warmup()                                           # asked from this (test) thread
+        asyncio.run_coroutine_threadsafe(engine.shrink_cache(), engine._loop).result(30)
+    assert names and set(names) == {f"engine-{engine.name}"}, set(names)
+    assert loop_thread not in names
+    dec = trained_decoders["gma"]
+    for (received, code), d in zip(results, (0.5, 1.0, 2.0)):
+        assert code == 1000
+        assert_matches(received, [simulate(dec, [s], batch_size=1, delta=d)[0] for s in SENTENCES[:3]], f"δ {d}")
