@@ -231,14 +231,15 @@ def run_step(args) -> int:
     print(f"\nhost overhead of the fast step: wall time (median of {args.rounds} rounds) against kernel time "
           f"({'GPU activities' if cuda else 'CPU compute operators'}, one profiled round); "
           "`simulserve bench step -h` defines each column")
-    print("| step | batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | reads/step | "
+    print("| step | batch size | steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | uploads/step | reads/step | "
           + ("memcpy/step | syncs/step | " if cuda else "") + "identical | same as first |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cuda else "") + ":---:|:---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cuda else "") + ":---:|:---:|")
     for r in host:
         extra = f"{r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | " if cuda else ""
         ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
         print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | "
-              f"{r['kernel_ms_per_step']:.3f} | {ratio} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
+              f"{r['kernel_ms_per_step']:.3f} | {r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {ratio} | "
+              f"{r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
               f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
     if choice is not None:
         print(f"\n--step auto here: {choice.reason}; ms per step while streams translate a sentence word by "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from models.decode_io import DecodeInput
+
 
 def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0) -> list[int]:
     model, cfg, dev = decoder.net, decoder.cfg, decoder.device
@@ -28,8 +30,9 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
     prev = torch.full((beam,), cfg.bos_id, device=dev)
     for t in range(max_len):
         tt = torch.full((beam,), t, device=dev)
-        hidden, new_kv, info = model.decode_step(prev, tt, [(k[:, :, : t + 1], v[:, :, : t + 1]) for k, v in caches],
-                                                 cross, avail, finished, mask_caches=masks, contexts=contexts)
+        out = model.decode_step(DecodeInput(prev, tt, [(k[:, :, : t + 1], v[:, :, : t + 1]) for k, v in caches],
+                                            cross, avail, finished, mask_caches=masks, contexts=contexts))
+        hidden, new_kv = out.hidden, out.new_kv
         for (k, v), (nk, nv) in zip(caches, new_kv):
             k[:, :, t] = nk[:, :, 0]
             v[:, :, t] = nv[:, :, 0]
@@ -66,7 +69,7 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
         sel = torch.tensor(order, device=dev)
         caches = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in caches]
         if contexts is not None:
-            contexts = info["context"].index_select(0, sel)
+            contexts = out.context.index_select(0, sel)
         hyps, scores = new_hyps, torch.tensor(new_scores, device=dev)
         prev = torch.tensor(tokens, device=dev)
     if not done:

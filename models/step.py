@@ -14,6 +14,7 @@ import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
+from models.decode_io import DecodeInput
 from models.decoding import DecodingOptions, StutterContext, all_bans
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
@@ -350,12 +351,13 @@ class StreamingDecoder:
             contexts = state["context"].index_select(0, slots)
         record = any(s.record is not None for s in states)
         # (recording attention for plots is a diagnostic: it runs eager)
-        hidden, new_kv, info = (self.net.decode_step if record else self.decode_fn)(
-            prev, t, pool.gather_kv("dec", slots, t_max, lone), pool.gather_kv("cross", slots, a_max, lone),
-            avail, finished, k, delta, running, need_weights=record,
-            mask_caches=mask_caches, contexts=contexts, early_exit=not self.sync_free)
-        read, need = info["read"], info["need"]
-        if "n" not in info:   # every row READ below the top layer (host shortcut, see decode_step)
+        inp = DecodeInput(prev, t, pool.gather_kv("dec", slots, t_max, lone),
+                          pool.gather_kv("cross", slots, a_max, lone), avail, finished, k, delta, running,
+                          mask_caches=mask_caches, contexts=contexts)
+        out = (self.net.decode_step if record else self.decode_fn)(inp, need_weights=record,
+                                                                   early_exit=not self.sync_free)
+        hidden, new_kv, read, need = out.hidden, out.new_kv, out.read, out.need
+        if out.exited_early:  # every row READ below the top layer (host shortcut, see decode_step)
             tokens = torch.zeros_like(need)
         elif self.sync_free:  # scores for every row: a mask of the writing rows would synchronise
             tokens = self._choose(hidden, None, finished, sent.get("bans"))
@@ -376,10 +378,10 @@ class StreamingDecoder:
             pool.write("dec_k", layer, slots, t, kk[:, :, 0])
             pool.write("dec_v", layer, slots, t, vv[:, :, 0])
         # only a written step moves GMA's sums and a carried context on (kept on the device)
-        if "running" in info:
-            state["running"].index_copy_(0, slots, torch.where(wrote.view(-1, 1), info["running"], running))
-        if "context" in info:
-            moved = torch.where(wrote.view(-1, 1, 1), info["context"].to(contexts.dtype), contexts)
+        if out.running is not None:
+            state["running"].index_copy_(0, slots, torch.where(wrote.view(-1, 1), out.running, running))
+        if out.context is not None:
+            moved = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
             state["context"].index_copy_(0, slots, moved)
         decided = torch.stack([read.long(), need, tokens], 1)[: len(states)].tolist()   # the one copy back
         outs = []
@@ -390,9 +392,9 @@ class StreamingDecoder:
                 outs.append(self._read(s, n))
                 continue
             if s.record is not None:
-                s.record.append({"n": info["n"][r].tolist(),
-                                 "p": info["p"][r].tolist() if "p" in info else None,
-                                 "attention": [a[r].mean(0)[: s.available].tolist() for a in info["attention"]]})
+                s.record.append({"n": out.n[r].tolist(),
+                                 "p": out.p[r].tolist() if out.p is not None else None,
+                                 "attention": [a[r].mean(0)[: s.available].tolist() for a in out.attention]})
             outs.append(self._write(s, token))
         return outs
 

@@ -18,6 +18,7 @@ from torch import nn
 from models import gma
 from models.attention import MultiHeadAttention, causal_mask, visible_mask
 from models.config import ModelConfig
+from models.decode_io import DecodeInput, DecodeOutput
 from models.variants.calibration import CalibrationMask
 from models.variants.gmm import GaussianMixture
 from models.variants.phrase import PhraseProjection
@@ -296,27 +297,20 @@ class Transformer(nn.Module):
             x = layer(x, kb, vb, cached, fresh=(k, v, fresh), q=q)
         return x, new_kv
 
-    def decode_step(self, tokens, t, self_caches, cross_caches, avail, finished,
-                    k=None, delta=None, running=None, need_weights=False, mask_caches=None, contexts=None,
-                    early_exit=True):
-        """One decoder position for a batch of streams.
+    def decode_step(self, inp: DecodeInput, need_weights: bool = False, early_exit: bool = True) -> DecodeOutput:
+        """One decoder position for a batch of streams (models/decode_io.py names every field).
 
-        tokens (B,) previous target token, t (B,) its position, self_caches per layer
-        (k, v) (B,H,T',dk) holding the earlier keys at [0, t) (T' >= max(t), at least 1; only
-        read), cross_caches per layer (k, v) (B,H,S',dk),
-        avail (B,) source positions received (EOS included once finished), finished (B,)
-        bool, k (B,) wait-k lags, delta (B,) GMA offsets, running (B,L) GMA Σ Δp.
-        Returns the top hidden state (B,d) (`logits()` turns it into scores), new self
-        (k, v) per layer (B,H,1,dk) and info with
-        `read` (B,) — the step needs more source than has arrived — with `need` (B,)
-        source positions it needs at least, and, for GMA,
-        `running` (B,L) and `p` (B,L); with need_weights, `attention`: per layer the cross
-        attention weights (B,H,S'). Variants: mask_caches per layer the calibration mask keys
-        (B,H,S',dk); contexts (B,L,d) SACT's c̃_{t−1} per layer (zeros at t = 0), the new ones
-        come back as info["context"]. GMM (offline) takes the source length from avail.
-        early_exit: stop after the layer where every row READs (info then has no "n"); the
-        test reads the device, so a GPU step passes False and runs every layer.
+        Returns the top hidden state (`logits()` turns it into scores), this position's self-attention
+        keys per layer, `read`/`need` (the step needs more source than has arrived, and how much), and the
+        windows `n`, GMA's `p` and `running`, a variant's new `context`, with need_weights the cross
+        attention per layer. Calibration reads `mask_caches`; SACT / interleaved phrases read `contexts`
+        (zeros at t = 0); GMM (offline) takes the source length from `avail`.
+        early_exit: stop after the layer where every row READs (the output's `n` is then None); the test
+        reads the device, so a GPU step passes False and runs every layer.
         """
+        tokens, t, self_caches, cross_caches = inp.tokens, inp.t, inp.self_caches, inp.cross_caches
+        avail, finished, k, delta, running = inp.avail, inp.finished, inp.k, inp.delta, inp.running
+        mask_caches, contexts = inp.mask_caches, inp.contexts
         b = tokens.shape[0]
         tt = t.view(-1, 1)
         x = self.embed_tokens(tokens.view(-1, 1), tt)
@@ -341,7 +335,7 @@ class Transformer(nn.Module):
             read |= blocking
             n = torch.minimum(n, avail)
             if early_exit and bool(read.all()):  # every stream READs: the layers above would be wasted
-                return x[:, 0], new_kv, {"read": read, "need": need}
+                return DecodeOutput(x[:, 0], new_kv, read, need)
             prior = gma.log_prior(p, ck.shape[2]) if p is not None else None
             x, w, extras = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior,
                                              need_weights, **self._variant_args(avail, mask_caches, li, contexts))
@@ -353,10 +347,6 @@ class Transformer(nn.Module):
             if p is not None:
                 ps.append(p[:, 0])
                 sums.append(total)
-        info = {"read": read, "need": need, "attention": attn, "n": torch.stack(ns, 1)}
-        if ctxs:
-            info["context"] = torch.stack(ctxs, 1)
-        if ps:
-            info["p"] = torch.stack(ps, 1)
-            info["running"] = torch.stack(sums, 1)
-        return x[:, 0], new_kv, info
+        return DecodeOutput(x[:, 0], new_kv, read, need, n=torch.stack(ns, 1),
+                            p=torch.stack(ps, 1) if ps else None, running=torch.stack(sums, 1) if ps else None,
+                            context=torch.stack(ctxs, 1) if ctxs else None, attention=attn)

@@ -142,14 +142,19 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "no_stutter 3, no_repeat_ngram 0" in r.stdout   # the decoding rules the figures were taken with
     lines = r.stdout.splitlines()
-    head = lines.index("| step | batch size | steps | step wall ms | kernel ms/step | wall/kernel | uploads/step | "
-                       "reads/step | identical | same as first |")
+    head = lines.index("| step | batch size | steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | "
+                       "uploads/step | reads/step | identical | same as first |")
     assert lines.index("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |") \
         < head
     body = lines[head + 2:head + 8]
     assert [row.split("|")[1:3] for row in body] == [[f" {p} ", f" {b} "] for p in ("host", "sync-free", "static")
                                                       for b in (1, 2)]
     assert all(row.endswith("| yes | yes |") for row in body)
+    for row in body:   # host time = wall - kernel, printed beside them
+        wall, kernel, host = (float(row.split("|")[i]) for i in (4, 5, 6))
+        assert abs(host - (wall - kernel)) < 0.011, row
+    # what --step auto would choose here, with its timings, under the CPU it ran on
+    assert r.stdout.count("CPU: ") == 1 and "--step auto here:" in r.stdout
     data = json.loads(out.read_text())
     rows = data["host_overhead"]
     assert data["device"] == "cpu" and [h["batch_size"] for h in rows] == [1, 2] * 3
