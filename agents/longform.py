@@ -272,7 +272,7 @@ def evaluate_long_form(args, models, sets, device, dtype, out: Path) -> list[dic
 
     from tqdm import tqdm
 
-    from agents.evaluate import score_results, setting_text
+    from agents.scoring import score_results, setting_text
     from agents.talks import parse_segmenter
     from models.checkpoint import load_checkpoint
     from models.step import StreamingDecoder

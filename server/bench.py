@@ -92,7 +92,7 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--client-procs", type=client_procs_arg, default=1, metavar="N",
                    help="spread the simulated clients of every phase over N client processes (default 1: all "
                         "in this process); the ramp table shows the busiest one's CPU, and a level where one "
-                        f"was above {CLIENT_BUSY:.0%} busy gets a warning")
+                        f"was above {100 * CLIENT_BUSY:.0f}%% busy gets a warning")  # %% : argparse formats help with %
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--seed", type=int, default=0)
 
