@@ -39,13 +39,34 @@ log = logging.getLogger("simulserve.engine")
 _ids = itertools.count(1)
 
 
+@dataclasses.dataclass(frozen=True)
+class PushWords:
+    """Source words accepted by the handler (protocol `words`/`text`), with their arrival time."""
+    words: list[str]
+    t: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EndSentence:
+    """The client ended the sentence (protocol `end_sentence`, or auto-segmentation), at time t."""
+    t: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EndStream:
+    """The client ended the stream (protocol `end_stream`): reply `end` once everything before is done."""
+
+
+Command = PushWords | EndSentence | EndStream
+
+
 class StreamHandle:
     """The engine's view of one websocket stream (sentences are translated one after another)."""
 
     def __init__(self, policy: Policy, out: asyncio.Queue, kill: Callable[[str], None] | None):
         self.id = next(_ids)
         self.policy, self.out, self.kill = policy, out, kill
-        self.commands: deque = deque()   # ("push", words, t) | ("end", t) | ("eos",); loop appends, worker pops
+        self.commands: deque[Command] = deque()   # the event loop appends, the engine thread pops
         self.closed = False
         self.received = 0                # loop: source words accepted
         self.read = 0                    # worker: source words the policy has read (all sentences)
@@ -124,16 +145,16 @@ class ModelEngine:
 
     def push(self, h: StreamHandle, words: list[str], t: float) -> None:
         h.received += len(words)
-        h.commands.append(("push", words, t))
+        h.commands.append(PushWords(words, t))
         self.metrics.words_in.labels(self.name).inc(len(words))
         self._wake_for(h)
 
     def end_sentence(self, h: StreamHandle, t: float) -> None:
-        h.commands.append(("end", t))
+        h.commands.append(EndSentence(t))
         self._wake_for(h)
 
     def end_stream(self, h: StreamHandle) -> None:
-        h.commands.append(("eos",))
+        h.commands.append(EndStream())
         self._wake_for(h)
 
     def _wake_for(self, h: StreamHandle) -> None:
@@ -374,28 +395,28 @@ class ModelEngine:
                 return                    # the next sentence waits until this one is done
             cmd = h.commands.popleft()
             if s is not None and s.done:  # the model ended the sentence early: the rest is not read
-                if cmd[0] == "push":
-                    h.unread += len(cmd[1])
+                if isinstance(cmd, PushWords):
+                    h.unread += len(cmd.words)
                     continue
                 self._finish(h, events, time.monotonic())  # its end (or the end of the stream)
-                if cmd[0] == "end":
+                if isinstance(cmd, EndSentence):
                     continue
-            if cmd[0] == "push":
+            if isinstance(cmd, PushWords):
                 if s is None:
                     p = h.policy
                     s = h.state = self.dec.new_stream(k=p.k, delta=p.delta, beam=p.beam)
-                    h.arrivals, h.first_arrival, h.end_time, h.compute = [], cmd[2], cmd[2], 0.0
+                    h.arrivals, h.first_arrival, h.end_time, h.compute = [], cmd.t, cmd.t, 0.0
                 try:
-                    self.dec.push(s, cmd[1])
+                    self.dec.push(s, cmd.words)
                 except StreamError:
-                    h.read_before += len(cmd[1])  # refused: they will never be read
+                    h.read_before += len(cmd.words)  # refused: they will never be read
                     raise
-                h.arrivals.extend([cmd[2]] * len(cmd[1]))
-            elif cmd[0] == "end":
+                h.arrivals.extend([cmd.t] * len(cmd.words))
+            elif isinstance(cmd, EndSentence):
                 if s is not None:
                     self.dec.finish(s)
-                    h.end_time = cmd[1]
-            else:                         # end of stream: everything before it is done
+                    h.end_time = cmd.t
+            else:                         # EndStream: everything before it is done
                 events.append({"type": "end", "sentences": h.sentence, "words": h.words_out})
 
     def _word(self, h: StreamHandle, s: StreamState, w: TargetWord, index: int, now: float) -> dict:
