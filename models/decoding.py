@@ -1,7 +1,8 @@
 """Decoding options of the one decoding loop: which token a WRITE may be, chosen once per decoder.
 
-Three rules, each applied in `StreamingDecoder._decode` (so identically for the server, `translate`,
-`evaluate`, the SimulEval agents and the benchmarks):
+Three rules, each a small filter class (`NoRepeatNgram`, `NoStutter`, `NoEarlyEos`, made once per decoder
+by `token_filters`) applied in one place, `StreamingDecoder._choose` (so identically for the server,
+`translate`, `evaluate`, the SimulEval agents and the benchmarks):
 - `no_repeat_ngram = n` (0: off): a WRITE never completes a target n-gram (of subwords) that the
   sentence's translation already contains; small models repeat phrases ("at eight o'clock at eight
   o'clock"), and this removes the exact repeats.
@@ -113,6 +114,61 @@ def all_bans(target: list[int], options: DecodingOptions, context: StutterContex
     if options.no_stutter:
         bans.update(stutter_tokens(target, options.no_stutter, context))
     return sorted(bans)
+
+
+class TokenFilter:
+    """A decoding rule where the step picks a WRITE's token: `bans` names the tokens one row may not
+    write (host, from its target so far), `mask` edits every row's logits at once (device)."""
+    per_row = False        # it bans tokens per row (`bans`), planned on the host
+    uses_context = False   # its bans read the source (StutterContext)
+
+    def bans(self, target: list[int], context: StutterContext | None = None) -> list[int]:
+        return []
+
+    def mask(self, logits, finished) -> None:
+        """In place on (B, V) logits; finished (B,) bool: the row's source has ended."""
+
+
+@dataclass(frozen=True)
+class NoRepeatNgram(TokenFilter):
+    n: int
+    per_row = True
+
+    def bans(self, target, context=None):
+        return banned_tokens(target, self.n)
+
+
+@dataclass(frozen=True)
+class NoStutter(TokenFilter):
+    n: int
+    per_row = True
+    uses_context = True
+
+    def bans(self, target, context=None):
+        return stutter_tokens(target, self.n, context)
+
+
+@dataclass(frozen=True)
+class NoEarlyEos(TokenFilter):
+    """early_eos "write": no EOS before the source has ended (a tensor edit, no host value: sync-free)."""
+    eos_id: int
+
+    def mask(self, logits, finished):
+        import torch
+        eos = self.eos_id
+        logits[:, eos] = torch.where(finished, logits[:, eos], torch.full_like(logits[:, eos], float("-inf")))
+
+
+def token_filters(options: DecodingOptions, eos_id: int) -> list[TokenFilter]:
+    """The filters `options` turn on (for a decoder whose policy defaults are already filled in)."""
+    filters: list[TokenFilter] = []
+    if options.no_repeat_ngram:
+        filters.append(NoRepeatNgram(options.no_repeat_ngram))
+    if options.no_stutter:
+        filters.append(NoStutter(options.no_stutter))
+    if options.early_eos == "write":
+        filters.append(NoEarlyEos(eos_id))
+    return filters
 
 
 def add_decoding_arguments(parser) -> None:

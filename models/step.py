@@ -15,7 +15,7 @@ import torch
 from models.beam import beam_search
 from models.cache_pool import CachePool
 from models.decode_io import DecodeInput
-from models.decoding import DecodingOptions, StutterContext, all_bans
+from models.decoding import DecodingOptions, StutterContext, token_filters
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
@@ -35,6 +35,10 @@ class StreamingDecoder:
         self.model = model.eval()
         # the decoding rules, with the policy's defaults filled in
         self.options = (options or DecodingOptions()).for_policy(model.cfg.policy)
+        # the decoding rules as filters, applied in one place (_choose); those that ban tokens per row
+        # run on the host while the step is planned
+        self.filters = token_filters(self.options, model.cfg.eos_id)
+        self.banning = [f for f in self.filters if f.per_row]
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # how the steps run (models/step_form.py): chosen once, checked against the device;
@@ -308,9 +312,19 @@ class StreamingDecoder:
 
     def stutter_context(self, state: StreamState) -> StutterContext | None:
         """What the no-stutter rule sees of this stream besides its target: the source read so far."""
-        if not self.options.no_stutter:
+        if not any(f.uses_context for f in self.banning):
             return None
         return StutterContext(self.tok, state.source_tokens, state.source_words)
+
+    def bans(self, state: StreamState) -> list[int]:
+        """Every token the filters forbid this stream's next WRITE."""
+        if not self.banning:
+            return []
+        context = self.stutter_context(state)
+        out = set()
+        for f in self.banning:
+            out.update(f.bans(state.target_tokens, context))
+        return sorted(out)
 
     def _plan_decode(self, states: list[StreamState], upload: Upload) -> tuple[int, int]:
         bos = self.cfg.bos_id
@@ -322,10 +336,9 @@ class StreamingDecoder:
                 width *= 2
             rows += [[self.scratch, 0, bos, 1, 1]] * (width - len(rows))
         upload.add("dec_rows", rows, (len(rows), 5))
-        if self.options.no_repeat_ngram or self.options.no_stutter:
+        if self.banning:
             # (row, token) pairs a WRITE may not choose: they would repeat or stutter the row's target
-            bans = [[r, tok] for r, s in enumerate(states)
-                    for tok in all_bans(s.target_tokens, self.options, self.stutter_context(s))]
+            bans = [[r, tok] for r, s in enumerate(states) for tok in self.bans(s)]
             upload.add("bans", bans, (len(bans), 2))
         # the cache lengths the decoder gathers: the longest target and source of the batch
         return self.bucket(max(r[1] for r in rows)), self.bucket(max(r[3] for r in rows))
@@ -403,10 +416,9 @@ class StreamingDecoder:
         """The token each row of `hidden` writes if it WRITEs: the best one the decoding options
         allow. keep: which batch rows `hidden` holds (None: all of them, in order)."""
         logits = self.scores(hidden)
-        if self.options.early_eos == "write":   # no EOS before the source has ended
-            eos = self.cfg.eos_id
-            logits[:, eos] = torch.where(finished, logits[:, eos], torch.full_like(logits[:, eos], float("-inf")))
-        if bans is not None and len(bans):
+        for f in self.filters:                  # rules that edit every row's logits (NoEarlyEos)
+            f.mask(logits, finished)
+        if bans is not None and len(bans):      # the banning rules' per-row tokens, planned on the host
             rows, toks = bans.unbind(1)
             if keep is not None:   # batch rows -> rows of `hidden` (bans of READ rows are dropped)
                 kept = keep[rows]

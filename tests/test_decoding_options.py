@@ -261,3 +261,31 @@ def test_decoding_table_counts_repeats_the_reference_does_not_have(tmp_path, tra
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "k=2" in line]
     assert len(rows) == 1 and "BLEU falls on" in out.stdout and "significantly (p < 0.05, paired bootstrap)" in out.stdout
+
+
+def test_the_rules_are_filters_made_once_and_ban_what_all_bans_bans(word_tok):
+    """Each rule is its own filter class, chosen once per decoder; the step's bans (the filters') equal
+    `all_bans` on random targets, and a decoder with no rule has no filter to run."""
+    import random
+
+    import torch
+
+    from models.decoding import NoEarlyEos, NoRepeatNgram, NoStutter, token_filters
+    from models.step import StreamingDecoder
+    model = random_decoder(word_tok, "waitk", seed=3).model
+    options = DecodingOptions(no_repeat_ngram=2, no_stutter=3, early_eos="write")
+    dec = StreamingDecoder(model, word_tok, options=options)
+    assert [type(f) for f in dec.filters] == [NoRepeatNgram, NoStutter, NoEarlyEos]
+    assert [type(f) for f in dec.banning] == [NoRepeatNgram, NoStutter]
+    assert StreamingDecoder(model, word_tok).filters == []
+    assert token_filters(DecodingOptions(no_stutter=0), 3) == []
+    rng = random.Random(5)
+    for _ in range(300):
+        s = dec.new_stream(k=1)
+        s.target_tokens = [rng.randrange(4, 9) for _ in range(rng.randrange(0, 12))]
+        assert dec.bans(s) == all_bans(s.target_tokens, options, dec.stutter_context(s))
+        dec.close(s)
+    # NoEarlyEos: EOS is -inf exactly where the source has not ended
+    logits = torch.zeros(3, 8)
+    NoEarlyEos(eos_id=3).mask(logits, torch.tensor([True, False, True]))
+    assert logits[:, 3].tolist() == [0.0, float("-inf"), 0.0] and logits[:, :3].eq(0).all()
