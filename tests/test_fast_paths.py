@@ -37,8 +37,8 @@ def test_fused_attention_equals_explicit(with_prior, with_fresh, device):
     torch.set_default_device(device)
     try:
         _fused_equals_explicit(with_prior, with_fresh)
-    finally:
-        torch.set_default_device("cpu")
+    finally:   # None, not "cpu": "cpu" leaves a device mode installed that later tests' op counts see
+        torch.set_default_device(None)
 
 
 def _fused_equals_explicit(with_prior, with_fresh):
