@@ -135,7 +135,7 @@ def test_cuda_graph_step_equals_cpu_eager(policy, trained_decoders):
 def test_server_with_the_compiled_step_streams_what_translate_writes(device, trained, trained_decoders):
     """`simulserve serve --step compiled` (here the same setting in a real uvicorn server): three
     concurrent streams (batched and padded) receive what simulate() writes for each alone. On CUDA the
-    step records CUDA graphs in the engine's executor thread, as the server does (session 21's GPU check:
+    step records CUDA graphs in the engine's own thread, as the server does (the GPU check at commit 1b3c1ec:
     `bench server --step compiled` with GMA died in the capture; of test_cuda_graph_step_equals_cpu_eager,
     which records in the test's own thread, only the offline model's case had run, and passed)."""
     import asyncio
