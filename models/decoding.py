@@ -108,18 +108,11 @@ class StutterContext:
         return not (text.strip() and text * 2 in self.source)
 
 
-def all_bans(target: list[int], options: DecodingOptions, context: StutterContext | None = None) -> list[int]:
-    """Every token the options forbid a WRITE to choose after `target`."""
-    bans = set(banned_tokens(target, options.no_repeat_ngram)) if options.no_repeat_ngram else set()
-    if options.no_stutter:
-        bans.update(stutter_tokens(target, options.no_stutter, context))
-    return sorted(bans)
 
 
 class TokenFilter:
     """A decoding rule where the step picks a WRITE's token: `bans` names the tokens one row may not
     write (host, from its target so far), `mask` edits every row's logits at once (device)."""
-    per_row = False        # it bans tokens per row (`bans`), planned on the host
     uses_context = False   # its bans read the source (StutterContext)
 
     def bans(self, target: list[int], context: StutterContext | None = None) -> list[int]:
@@ -132,7 +125,6 @@ class TokenFilter:
 @dataclass(frozen=True)
 class NoRepeatNgram(TokenFilter):
     n: int
-    per_row = True
 
     def bans(self, target, context=None):
         return banned_tokens(target, self.n)
@@ -141,7 +133,6 @@ class NoRepeatNgram(TokenFilter):
 @dataclass(frozen=True)
 class NoStutter(TokenFilter):
     n: int
-    per_row = True
     uses_context = True
 
     def bans(self, target, context=None):
@@ -159,16 +150,32 @@ class NoEarlyEos(TokenFilter):
         logits[:, eos] = torch.where(finished, logits[:, eos], torch.full_like(logits[:, eos], float("-inf")))
 
 
-def token_filters(options: DecodingOptions, eos_id: int) -> list[TokenFilter]:
-    """The filters `options` turn on (for a decoder whose policy defaults are already filled in)."""
+def banning_filters(options: DecodingOptions) -> list[TokenFilter]:
+    """The filters of `options` that ban tokens per row (planned on the host)."""
     filters: list[TokenFilter] = []
     if options.no_repeat_ngram:
         filters.append(NoRepeatNgram(options.no_repeat_ngram))
     if options.no_stutter:
         filters.append(NoStutter(options.no_stutter))
-    if options.early_eos == "write":
-        filters.append(NoEarlyEos(eos_id))
     return filters
+
+
+def token_filters(options: DecodingOptions, eos_id: int) -> list[TokenFilter]:
+    """Every filter `options` turn on (for a decoder whose policy defaults are already filled in)."""
+    return banning_filters(options) + ([NoEarlyEos(eos_id)] if options.early_eos == "write" else [])
+
+
+def filter_bans(filters: list[TokenFilter], target: list[int], context: StutterContext | None = None) -> list[int]:
+    """Every token `filters` forbid a WRITE to choose after `target`."""
+    bans: set[int] = set()
+    for f in filters:
+        bans.update(f.bans(target, context))
+    return sorted(bans)
+
+
+def all_bans(target: list[int], options: DecodingOptions, context: StutterContext | None = None) -> list[int]:
+    """Every token the options forbid a WRITE to choose after `target`."""
+    return filter_bans(banning_filters(options), target, context)
 
 
 def add_decoding_arguments(parser) -> None:

@@ -15,7 +15,7 @@ import torch
 from models.beam import beam_search
 from models.cache_pool import CachePool
 from models.decode_io import DecodeInput
-from models.decoding import DecodingOptions, StutterContext, token_filters
+from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policy import Policy, make_policy
@@ -38,7 +38,8 @@ class StreamingDecoder:
         # the decoding rules as filters, applied in one place (_choose); those that ban tokens per row
         # run on the host while the step is planned
         self.filters = token_filters(self.options, model.cfg.eos_id)
-        self.banning = [f for f in self.filters if f.per_row]
+        self.banning = banning_filters(self.options)
+        self.needs_source = any(f.uses_context for f in self.banning)   # the no-stutter rule reads the source
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # how the steps run (models/step_form.py): chosen once, checked against the device;
@@ -312,7 +313,7 @@ class StreamingDecoder:
 
     def stutter_context(self, state: StreamState) -> StutterContext | None:
         """What the no-stutter rule sees of this stream besides its target: the source read so far."""
-        if not any(f.uses_context for f in self.banning):
+        if not self.needs_source:
             return None
         return StutterContext(self.tok, state.source_tokens, state.source_words)
 
@@ -320,11 +321,7 @@ class StreamingDecoder:
         """Every token the filters forbid this stream's next WRITE."""
         if not self.banning:
             return []
-        context = self.stutter_context(state)
-        out = set()
-        for f in self.banning:
-            out.update(f.bans(state.target_tokens, context))
-        return sorted(out)
+        return filter_bans(self.banning, state.target_tokens, self.stutter_context(state))
 
     def _plan_decode(self, states: list[StreamState], upload: Upload) -> tuple[int, int]:
         bos = self.cfg.bos_id

@@ -73,24 +73,12 @@ def pick(ms_per_step: dict[str, dict[int, float]], reference: str = REFERENCE) -
 
 
 def _time_sentence(dec, batch: int) -> float:
-    """Mean milliseconds per step while `batch` streams translate SENTENCE word by word."""
-    states = [dec.new_stream() for _ in range(batch)]
-    spent, steps = 0.0, 0
-    try:
-        for w in SENTENCE.split() + [None]:
-            for s in states:
-                dec.finish(s) if w is None else dec.push(s, w)
-            active = [s for s in states if not (s.done or s.blocked)]
-            while active:
-                t0 = time.perf_counter()
-                dec.step(active)
-                spent += time.perf_counter() - t0
-                steps += 1
-                active = [s for s in active if not (s.done or s.blocked)]
-    finally:
-        for s in states:
-            dec.close(s)
-    return spent / max(steps, 1) * 1000
+    """Mean milliseconds per step while `batch` streams translate SENTENCE word by word (the project's
+    one streaming loop, `simulate`, over a decoder that clocks its steps)."""
+    from models.translate import simulate
+    dec.step_seconds.clear()
+    simulate(dec, [SENTENCE] * batch, batch_size=batch)
+    return statistics.fmean(dec.step_seconds) * 1000
 
 
 def candidates(device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -110,10 +98,10 @@ def measure(model, tok, options=None, forms=None, batches=BATCHES, rounds: int =
     """ms per step of each form at each batch size: the median of `rounds` timed sentences after an
     untimed one. Forms take turns within each round, so a slow spell of the machine (another process
     on the same cores) falls on every form alike."""
-    from models.step import StreamingDecoder
+    from models.benchmarks.host_overhead import TimedDecoder
     p = next(model.parameters())
     forms = list(forms or candidates(p.device, p.dtype))
-    decs = {f: StreamingDecoder(model, tok, form=f, options=options) for f in forms}
+    decs = {f: TimedDecoder(model, tok, form=f, options=options) for f in forms}
     runs: dict[str, dict[int, list[float]]] = {f: {b: [] for b in batches} for f in forms}
     for r in range(rounds + 1):
         for b in batches:

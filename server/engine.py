@@ -289,8 +289,8 @@ class ModelEngine:
             if h.ready_since is not None:
                 queued.observe(now - h.ready_since)
             h.ready_since = None
-        events, steps = self._execute(ready)
-        self._account(ready, steps)
+        events, step = self._execute(ready)
+        self._account(ready, step)
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._deliver, ready, events)
         # give the interpreter to the event loop if it waits for it (it reads the websockets that feed
@@ -298,13 +298,13 @@ class ModelEngine:
         time.sleep(0)
         return False
 
-    def _account(self, batch: list[StreamHandle], steps: list[tuple[int, float]]) -> None:
+    def _account(self, batch: list[StreamHandle], step: tuple[int, float] | None) -> None:
         """The job's metrics, and which of its streams can move on at once (engine thread)."""
         m, name = self.metrics, self.name
-        for n_stepped, seconds in steps:
+        if step is not None:
             self.steps += 1
-            m.batch_size.labels(name).observe(n_stepped)
-            m.step_seconds.labels(name).observe(seconds)
+            m.batch_size.labels(name).observe(step[0])
+            m.step_seconds.labels(name).observe(step[1])
         now = time.monotonic()
         for h in batch:
             h.last_step = now
@@ -344,18 +344,20 @@ class ModelEngine:
                 log.exception("stream %s: applying input failed", h.id)
                 self._fail(h, events[h.id], e)
         stepping = [h for h in batch if h.state is not None and not h.state.blocked and not h.state.done]
-        steps: list[tuple[int, float]] = []   # (batch size, seconds) of the job's step
+        step = None   # (batch size, seconds) of the job's one step
         # One step per job, the tails of ended sentences included (one piece each). Two ways to step
         # some streams again within a job measured worse and were removed (CHANGELOG, Unreleased).
-        if stepping and not self._step(stepping, events, steps):
-            return events, steps
+        if stepping:
+            step = self._step(stepping, events)
+            if step is None:          # the step failed: those streams are closed
+                return events, None
         for h in batch:
             h.read = h.read_before + (_consumed(h) if h.state is not None else 0)
-        return events, steps
+        return events, step
 
-    def _step(self, stepping: list[StreamHandle], events: dict, steps: list) -> bool:
-        """One batched step of `stepping`; their words become events. False if the step failed
-        (those streams are closed)."""
+    def _step(self, stepping: list[StreamHandle], events: dict) -> tuple[int, float] | None:
+        """One batched step of `stepping`; their words become events. Its (batch size, seconds), or
+        None if it failed (those streams are closed)."""
         t0 = time.perf_counter()
         try:
             outs = self.dec.step([h.state for h in stepping])
@@ -363,9 +365,8 @@ class ModelEngine:
             log.exception("model %s: batched step failed", self.name)
             for h in stepping:
                 self._fail(h, events[h.id], e)
-            return False
+            return None
         seconds = time.perf_counter() - t0
-        steps.append((len(stepping), seconds))
         now, share = time.monotonic(), seconds / len(stepping)
         for h, o in zip(stepping, outs):
             h.compute += share
@@ -377,7 +378,7 @@ class ModelEngine:
                 self.dec.close(s)     # free the slot now; the results stay on the state
                 if s.end_received:
                     self._finish(h, events[h.id], now)
-        return True
+        return len(stepping), seconds
 
     def _finish(self, h: StreamHandle, events: list[dict], now: float) -> None:
         s = h.state
