@@ -157,7 +157,7 @@ def model_name(path: Path) -> str:
 def plan_models(args) -> list[Model]:
     """Resolve checkpoints and settings without loading weights (fail fast)."""
     from models.checkpoint import read_config
-    from models.policy import make_policy
+    from models.policies import make_policy, policy_class
     from models.shipped import resolve_checkpoint
 
     ks = parse_list(args.k, int, "--k")
@@ -181,12 +181,7 @@ def plan_models(args) -> list[Model]:
         path = resolve_checkpoint(ckpt)
         cfg, _ = read_config(path)  # CheckpointError: missing dir, no config.json, bad config
         policy = cfg.policy
-        if policy == "waitk":
-            settings = [dict(k=k) for k in (ks or [cfg.default_k])]
-        elif policy == "gma":
-            settings = [dict(delta=d) for d in (deltas or [cfg.default_delta])]
-        else:
-            settings = [dict(beam=args.beam)]
+        settings = policy_class(cfg).sweep(cfg, ks, deltas, args.beam)
         for s in settings:
             make_policy(cfg, **s)  # PolicyError for k < 1, δ < 0, ...
         name = given[i] if given else model_name(path)
@@ -194,10 +189,10 @@ def plan_models(args) -> list[Model]:
             name += "'"
         names.add(name)
         models.append(Model(path, name, args.label[i] if args.label else policy, policy, cfg, settings))
-    kinds = {m.policy for m in models}
-    if ks is not None and "waitk" not in kinds:
+    rules = [policy_class(m.cfg) for m in models]
+    if ks is not None and not any(r.has_k for r in rules):
         print("warning: --k is ignored, no wait-k checkpoint is evaluated", file=sys.stderr)
-    if deltas is not None and "gma" not in kinds:
+    if deltas is not None and not any(r.has_delta for r in rules):
         print("warning: --delta is ignored, no GMA checkpoint is evaluated", file=sys.stderr)
     return models
 

@@ -46,7 +46,7 @@ def bleu_latency_plot(rows: list[dict], path: str | Path, title: str = "") -> Pa
             xs, ys = [r[key] for r in pts], [r["BLEU"] for r in pts]
             style = dict(color=colors(c % 10), marker=MARKERS.get(policy, "o"), label=label)
             if len(pts) == 1:
-                ax.plot(xs, ys, linestyle="none", markersize=13 if policy == "offline" else 8, **style)
+                ax.plot(xs, ys, linestyle="none", markersize=8 if _has_knob(policy) else 13, **style)
             else:
                 ax.plot(xs, ys, linewidth=1.8, markersize=6, **style)
             for r in pts:
@@ -59,6 +59,13 @@ def bleu_latency_plot(rows: list[dict], path: str | Path, title: str = "") -> Pa
     if title:
         fig.suptitle(title)
     return _save(fig, path)
+
+
+def _has_knob(policy: str) -> bool:
+    """The policy has a latency setting (a curve), unlike offline (one point, drawn larger)."""
+    from models.policies import policy_named
+    cls = policy_named(policy)
+    return cls.has_k or cls.has_delta
 
 
 def _finite(x) -> bool:

@@ -43,7 +43,7 @@ from simuleval.agents.states import AgentStates
 import agents.scorers  # noqa: F401  (registers the CW scorer with SimulEval)
 from models.checkpoint import load_checkpoint, pick_device
 from models.errors import UserError
-from models.policy import make_policy
+from models.policies import make_policy
 from models.shipped import resolve_checkpoint
 from models.step import StreamingDecoder
 from models.decoding import add_decoding_arguments, decoding_options

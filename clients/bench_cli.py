@@ -49,7 +49,8 @@ def register(sub) -> None:
         epilog="examples:\n  simulserve bench step --gemm\n  simulserve bench step --dtype bfloat16\n"
                "  simulserve bench step --device cuda --batch-sizes 1,8,32,128 --sentences 128\n"
                "  simulserve bench step --paths host,sync-free,compiled --batch-sizes 1,8\n\n"
-               "host overhead table (one profiled round per batch size, besides --rounds un-profiled ones):\n"
+               "host overhead table (one profiled round per batch size, besides --rounds un-profiled ones; it\n"
+               "covers at most 64 sentences, or one batch, where --sentences is larger):\n"
                "  step wall ms    perf_counter around each StreamingDecoder.step of the un-profiled rounds\n"
                "                  (CUDA: synchronised before the clock stops), mean per step, median of rounds\n"
                "  kernel ms/step  CUDA: time of every GPU activity (kernels, memcpy, memset) / steps;\n"
@@ -338,6 +339,7 @@ def run_engine(args) -> int:
     from models.benchmarks.engine import bench_engine
     from models.checkpoint import pick_device
     from models.errors import UserError
+    from models.policies import policy_class
     from models.shipped import shipped_checkpoints
     from models.step import StreamingDecoder
     torch.set_num_threads(args.threads)
@@ -351,8 +353,9 @@ def run_engine(args) -> int:
     for name in names:
         model, tok, device = _load(name, args.device)
         dec = StreamingDecoder(model, tok, options=decoding_options(args))
-        k = args.k if model.cfg.policy == "waitk" else None
-        delta = args.delta if model.cfg.policy == "gma" else None
+        rule = policy_class(model.cfg)
+        k = args.k if rule.has_k else None
+        delta = args.delta if rule.has_delta else None
         with tqdm(total=len(lengths) * args.count, desc=str(name), unit="sent") as bar:
             rows = bench_engine(dec, lines, lengths, args.count, k=k, delta=delta, progress=bar)
         print(f"\n{_machine(device)}")

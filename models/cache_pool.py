@@ -15,10 +15,13 @@ gathered cache is then one contiguous (B, H, length, dk) block, which
 index_select fills with plain row copies and attention multiplies without
 another transposing copy.
 
-Besides the caches, the per-stream numbers that only the model reads and writes
-live here too, slot first (`state`): the policy's k or δ, GMA's running sums
-and a variant's carried context. They stay on the model's device, so a step
-neither uploads nor downloads them (issue 14: one transfer each way per step).
+Besides the caches, the per-stream numbers a decoder step reads and writes live here too, slot first
+(`rows`, a typed models/slot_state.py `SlotState`): target position and last token, the source read, the
+policy's k or δ, GMA's running sums and a variant's carried context. They stay on the model's device, so a
+step uploads only the rows the host changed and downloads only its decisions.
+
+A pool made with `fixed=True` never grows or shrinks (the tensors keep their addresses, which CUDA graphs
+captured at start-up read): `allocate` then raises `PoolFull` when every slot is taken.
 """
 from __future__ import annotations
 
@@ -27,13 +30,19 @@ import heapq
 import torch
 
 from models.config import ModelConfig
+from models.errors import UserError
+from models.slot_state import SlotState
+
+class PoolFull(UserError):
+    """Every slot of a fixed-capacity pool is taken."""
+
 
 KINDS = ("enc_k", "enc_v", "cross_k", "cross_v", "dec_k", "dec_v", "cross_mk")
 
 
 class CachePool:
     def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, capacity: int = 4):
+                 dtype: torch.dtype = torch.float32, capacity: int = 4, fixed: bool = False):
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.layers = {
             "enc_k": cfg.encoder_layers if cfg.causal_encoder else 0,
@@ -44,13 +53,9 @@ class CachePool:
             "cross_mk": cfg.decoder_layers if cfg.variant.kind == "calibration" else 0,
         }
         self.tensors = {name: self._empty(name, capacity) for name in KINDS}
-        # per-slot (shape after the slot, dtype): written at `reset` and by the step, never read on the host
-        self.state_spec = {"k": ((), torch.long), "delta": ((), torch.float32)}
-        if cfg.attention == "gma":
-            self.state_spec["running"] = ((cfg.decoder_layers,), torch.float32)   # unclamped Σ Δp per layer
-        if cfg.variant.carries_context:  # SACT's c̃ / interleaved phrases' x of the last written step
-            self.state_spec["context"] = ((cfg.decoder_layers, cfg.d_model), dtype)
-        self.state = {name: self._empty_state(name, capacity) for name in self.state_spec}
+        self.spec = SlotState.spec(cfg, dtype)
+        self.rows = SlotState.allocate(self.spec, capacity, self.device)
+        self.fixed = fixed
         self.initial = self.capacity = capacity
         self.free = list(range(capacity))          # a heap: the lowest free slot first
         self.peak = 0                              # most slots in use since the last shrink
@@ -60,17 +65,11 @@ class CachePool:
         return torch.zeros(self.layers[name], n, c.n_heads, c.max_positions, c.head_dim,
                            device=self.device, dtype=self.dtype)
 
-    def _empty_state(self, name: str, n: int) -> torch.Tensor:
-        shape, dtype = self.state_spec[name]
-        return torch.zeros(n, *shape, device=self.device, dtype=dtype)
-
-    def reset(self, slot: int, k: int | None = None, delta: float | None = None) -> None:
-        """A new stream in `slot`: its policy values, zero sums and context (fills, no transfer)."""
-        self.state["k"][slot].fill_(k or 0)   # fill_ of a view: no tensor made from the Python value
-        self.state["delta"][slot].fill_(delta or 0.0)
-        for name in ("running", "context"):
-            if name in self.state:
-                self.state[name][slot].zero_()
+    def reset(self, slot: int, policy=None) -> None:
+        """A new stream in `slot`: zero rows, then its policy's values (fills, no transfer)."""
+        self.rows.clear(slot)
+        if policy is not None:
+            policy.reset_slot(self.rows, slot)
 
     @property
     def in_use(self) -> int:
@@ -81,6 +80,8 @@ class CachePool:
 
     def allocate(self) -> int:
         if not self.free:
+            if self.fixed:
+                raise PoolFull(f"all {self.capacity} cache slots are in use")
             self._grow(self.capacity * 2)
         slot = heapq.heappop(self.free)
         self.peak = max(self.peak, self.in_use)
@@ -96,10 +97,7 @@ class CachePool:
             bigger = self._empty(name, capacity)
             bigger[:, : self.capacity] = t
             self.tensors[name] = bigger
-        for name, t in self.state.items():
-            bigger = self._empty_state(name, capacity)
-            bigger[: self.capacity] = t
-            self.state[name] = bigger
+        self.rows = self.rows.resized(self.spec, capacity)
         for slot in range(self.capacity, capacity):
             heapq.heappush(self.free, slot)
         self.capacity = capacity
@@ -107,6 +105,8 @@ class CachePool:
     def shrink(self) -> int:
         """Cut the pool down to twice the most slots used since the last call (a power of two, at
         least the initial capacity, never below a slot in use); returns the slots given back."""
+        if self.fixed:
+            return 0
         used = set(range(self.capacity)) - set(self.free)
         need = max(self.initial, 2 * self.peak, max(used, default=-1) + 1)
         target = self.initial
@@ -117,8 +117,7 @@ class CachePool:
             return 0
         for name, t in self.tensors.items():   # a copy: slicing would keep the whole block alive
             self.tensors[name] = t[:, :target].clone()
-        for name, t in self.state.items():
-            self.state[name] = t[:target].clone()
+        self.rows = self.rows.resized(self.spec, target)
         given = self.capacity - target
         self.free = [slot for slot in self.free if slot < target]
         heapq.heapify(self.free)

@@ -134,11 +134,13 @@ class ModelConfig:
     @property
     def policy(self) -> str:
         """The decoding policy this model was trained for."""
-        return {"standard": "offline", "waitk": "waitk", "gma": "gma"}[self.attention]
+        from models.policies import policy_class
+        return policy_class(self).name
 
     def validate(self) -> None:
-        if self.attention not in ATTENTION_KINDS:
-            raise ConfigError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        from models.policies import POLICIES, policy_class   # the built-in kinds and any registered one
+        if self.attention not in POLICIES:
+            raise ConfigError(f"attention must be one of {tuple(POLICIES)}, got {self.attention!r}")
         for name in ("vocab_size", "d_model", "n_heads", "d_ffn", "encoder_layers",
                      "decoder_layers", "max_positions"):
             v = getattr(self, name)
@@ -146,14 +148,14 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.attention in ("waitk", "gma") and not self.causal_encoder:
+        if policy_class(self).streams and not self.causal_encoder:
             raise ConfigError(f"a {self.attention} model needs causal_encoder=true (streaming encoder)")
         if not (isinstance(self.default_k, int) and self.default_k >= 1):
             raise ConfigError(f"default_k must be an integer >= 1, got {self.default_k!r}")
         if not (isinstance(self.default_delta, (int, float)) and self.default_delta >= 0):
             raise ConfigError(f"default_delta must be >= 0, got {self.default_delta!r}")
         v = self.variant.kind
-        if self.attention not in VARIANT_POLICIES[v]:
+        if v != "none" and self.attention not in VARIANT_POLICIES[v]:
             raise ConfigError(f"the {v} attention variant does not compose with attention={self.attention!r} "
                               f"(it does with {', '.join(VARIANT_POLICIES[v])}; see docs/attention_variants.md)")
         ids = (self.pad_id, self.unk_id, self.bos_id, self.eos_id)

@@ -35,6 +35,7 @@ import torch
 
 from models.config import ModelConfig
 from models.errors import UserError
+from models.policies import policy_class
 
 # what the project measures CTranslate2 at; `ctranslate2.get_supported_compute_types("cpu")` lists more
 COMPUTE_TYPES = ("float32", "int8")
@@ -59,13 +60,9 @@ def unmappable_reason(cfg: ModelConfig) -> str | None:
         why.append("its encoder is causal (position i sees source positions 0..i only, so that received "
                    "states never change while streaming); CTranslate2's encoder self-attention always sees "
                    "the whole source")
-    if cfg.attention == "waitk":
-        why.append("wait-k cross-attention shows target step t only the first t + k source positions, also "
-                   "once the source is complete; CTranslate2's cross-attention always sees the whole source")
-    if cfg.attention == "gma":
-        why.append("GMA cross-attention sees a window around a position predicted per layer (a step "
-                   "predictor) and adds a log Gaussian prior to its logits; CTranslate2's cross-attention "
-                   "has neither")
+    note = policy_class(cfg).window_note
+    if note:
+        why.append(f"{note}; CTranslate2's cross-attention always sees the whole source, with no prior")
     if cfg.variant.kind != "none":
         why.append(f"the {cfg.variant.kind} cross-attention variant has no CTranslate2 equivalent")
     return "; and ".join(why) or None

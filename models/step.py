@@ -18,7 +18,7 @@ from models.decode_io import DecodeInput
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
-from models.policy import Policy, make_policy
+from models.policies import Policy, make_policy
 from models.step_form import StepForm, step_form
 from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
 from models.tokenizer import Tokenizer
@@ -84,6 +84,10 @@ class StreamingDecoder:
         graph: the form runs sync-free."""
         self.scratch = self.pool.allocate()
         self.pool.reset(self.scratch)
+        rows = self.pool.rows   # a finished one-position source that never advances (see _decode)
+        rows.prev[self.scratch].fill_(self.cfg.bos_id)
+        rows.avail[self.scratch].fill_(1)
+        rows.finished[self.scratch].fill_(True)
 
     def describe_form(self) -> dict:
         """The form the steps run, and for `auto` how it was chosen (/v1/models, the benchmarks)."""
@@ -116,7 +120,7 @@ class StreamingDecoder:
                    record: bool = False, policy: Policy | None = None) -> StreamState:
         policy = policy or make_policy(self.cfg, k=k, delta=delta, beam=beam)
         s = StreamState(policy=policy, slot=self.pool.allocate())
-        self.pool.reset(s.slot, k=policy.k, delta=policy.delta)
+        self.pool.reset(s.slot, policy)     # (t, prev, avail, finished: uploaded by its first step: dirty)
         if record:
             s.record = []
         return s
@@ -181,7 +185,7 @@ class StreamingDecoder:
                 compute.append(i)
         if not compute:
             return out
-        beams = [i for i in compute if states[i].policy.kind == "offline" and states[i].policy.beam > 1]
+        beams = [i for i in compute if states[i].policy.beam > 1]
         batch = [i for i in compute if i not in beams]
         # encode only what a decoder step is about to use: words read while the policy waits
         # are encoded together, as one chunk. Everything the step needs from the host goes
@@ -231,25 +235,17 @@ class StreamingDecoder:
         """READ decisions that need no model compute. GMA's needs the decoder once; a
         blocked trial records how much source it needs (`s.need`: the first blocking
         layer's window, which more source cannot change), so until that much has
-        arrived the answer is READ again without recomputing it."""
+        arrived the answer is READ again without recomputing it. Then the policy's own rule."""
         if s.source_finished:
             return False
         if s.available < s.need:
             return True
-        if s.policy.kind == "offline":
-            return True
-        if s.policy.kind == "waitk":
-            return len(s.target_tokens) + s.policy.k > s.available
-        return False
+        return s.policy.must_read(s)
 
     def _quick_need(self, s: StreamState) -> float:
         # s.need: what the last decoder trial asked for (a GMA window, or one more word after
         # an early EOS), never less than the policy's own rule
-        if s.policy.kind == "waitk":
-            return max(len(s.target_tokens) + s.policy.k, s.need)
-        if s.policy.kind == "gma":
-            return s.need
-        return float("inf")  # offline: the whole sentence
+        return s.policy.need(s)
 
     def _read(self, s: StreamState, need: float) -> StepOutput:
         """READ: take words from the inbox until `need` source positions are there
@@ -265,6 +261,7 @@ class StreamingDecoder:
             s.source_finished = True
             moved = True
         s.blocked = not moved
+        s.dirty |= moved     # the device's copy of avail/finished is behind (models/slot_state.py)
         return StepOutput(READ)
 
     def _max_target_len(self, s: StreamState) -> int:
@@ -324,41 +321,44 @@ class StreamingDecoder:
         return filter_bans(self.banning, state.target_tokens, self.stutter_context(state))
 
     def _plan_decode(self, states: list[StreamState], upload: Upload) -> tuple[int, int]:
-        bos = self.cfg.bos_id
-        rows = [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
-                 s.available, int(s.source_finished)] for s in states]
-        if self.scratch is not None:  # pad to the batch bucket with a finished one-position source
+        """The batch's slots, and the slot rows the host changed since the device last saw them (new
+        streams, words read, the source ended, tokens written on the host): only those are uploaded."""
+        slots = [s.slot for s in states]
+        if self.scratch is not None:  # pad to the batch bucket with the scratch slot (never advances)
             width = 1
-            while width < len(rows):
+            while width < len(slots):
                 width *= 2
-            rows += [[self.scratch, 0, bos, 1, 1]] * (width - len(rows))
-        upload.add("dec_rows", rows, (len(rows), 5))
+            slots += [self.scratch] * (width - len(slots))
+        upload.add("dec_slots", slots, (len(slots),))
+        changed = [s for s in states if s.dirty]
+        if changed:
+            bos = self.cfg.bos_id
+            upload.add("changes", [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
+                                    s.available, int(s.source_finished)] for s in changed], (len(changed), 5))
+            for s in changed:
+                s.dirty = False
         if self.banning:
             # (row, token) pairs a WRITE may not choose: they would repeat or stutter the row's target
             bans = [[r, tok] for r, s in enumerate(states) for tok in self.bans(s)]
             upload.add("bans", bans, (len(bans), 2))
         # the cache lengths the decoder gathers: the longest target and source of the batch
-        return self.bucket(max(r[1] for r in rows)), self.bucket(max(r[3] for r in rows))
+        return (self.bucket(max(max(len(s.target_tokens) for s in states), 1)),
+                self.bucket(max(s.available for s in states)))
 
     def _decode(self, states: list[StreamState], sent: dict[str, torch.Tensor], t_max: int,
                 a_max: int) -> list[StepOutput]:
         """One batched decoder trial. The per-stream numbers the model alone uses (k, δ, GMA's
         sums, a variant's context) stay in the pool's slot-indexed state; what comes back to
         the host is one (B, 3) copy: READ or not, the source it needs, the token."""
-        cfg, pool, state = self.cfg, self.pool, self.pool.state
-        slots, t, prev, avail, finished = sent["dec_rows"].unbind(1)
-        finished = finished.bool()
+        cfg, pool, rows = self.cfg, self.pool, self.pool.rows
+        slots = sent["dec_slots"]
+        if "changes" in sent:
+            rows.write_rows(sent["changes"])
+        t, prev, avail, finished = (x.index_select(0, slots) for x in (rows.t, rows.prev, rows.avail, rows.finished))
+        k, delta, running, contexts = (None if x is None else x.index_select(0, slots)
+                                       for x in (rows.k, rows.delta, rows.running, rows.context))
         lone = states[0].slot if len(states) == 1 else None
-        k = delta = running = mask_caches = contexts = None
-        if cfg.attention == "waitk":
-            k = state["k"].index_select(0, slots)
-        elif cfg.attention == "gma":
-            delta = state["delta"].index_select(0, slots)
-            running = state["running"].index_select(0, slots)
-        if cfg.variant.kind == "calibration":
-            mask_caches = pool.gather("cross_mk", slots, a_max, lone)
-        elif cfg.variant.carries_context:
-            contexts = state["context"].index_select(0, slots)
+        mask_caches = pool.gather("cross_mk", slots, a_max, lone) if pool.layers["cross_mk"] else None
         record = any(s.record is not None for s in states)
         # (recording attention for plots is a diagnostic: it runs eager)
         inp = DecodeInput(prev, t, pool.gather_kv("dec", slots, t_max, lone),
@@ -382,17 +382,21 @@ class StreamingDecoder:
         need = torch.where(early, avail + 1, need)
         read = read | early
         wrote = ~read
+        if len(slots) > len(states):   # padding rows (the scratch slot) never advance
+            wrote[len(states):] = False
         # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
         # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
         for layer, (kk, vv) in enumerate(new_kv):
             pool.write("dec_k", layer, slots, t, kk[:, :, 0])
             pool.write("dec_v", layer, slots, t, vv[:, :, 0])
-        # only a written step moves GMA's sums and a carried context on (kept on the device)
+        # a WRITE moves the row on, on the device: position, last token, GMA's sums, a carried context
+        rows.t.index_copy_(0, slots, t + wrote)
+        rows.prev.index_copy_(0, slots, torch.where(wrote, tokens, prev))
         if out.running is not None:
-            state["running"].index_copy_(0, slots, torch.where(wrote.view(-1, 1), out.running, running))
+            rows.running.index_copy_(0, slots, torch.where(wrote.view(-1, 1), out.running, running))
         if out.context is not None:
             moved = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
-            state["context"].index_copy_(0, slots, moved)
+            rows.context.index_copy_(0, slots, moved)
         decided = torch.stack([read.long(), need, tokens], 1)[: len(states)].tolist()   # the one copy back
         outs = []
         for r, s in enumerate(states):
@@ -405,7 +409,7 @@ class StreamingDecoder:
                 s.record.append({"n": out.n[r].tolist(),
                                  "p": out.p[r].tolist() if out.p is not None else None,
                                  "attention": [a[r].mean(0)[: s.available].tolist() for a in out.attention]})
-            outs.append(self._write(s, token))
+            outs.append(self._write(s, token, on_device=True))
         return outs
 
     def _choose(self, hidden: torch.Tensor, keep: torch.Tensor | None, finished: torch.Tensor,
@@ -424,8 +428,10 @@ class StreamingDecoder:
             logits.index_put_((rows, toks), logits.new_full((), float("-inf")))
         return logits.argmax(-1)
 
-    def _write(self, s: StreamState, token: int) -> StepOutput:
-        """Commit one target token; release the words it completes."""
+    def _write(self, s: StreamState, token: int, on_device: bool = False) -> StepOutput:
+        """Commit one target token; release the words it completes. on_device: the decoder step wrote it
+        and moved the slot's row on already (else the row is uploaded before the stream's next trial)."""
+        s.dirty |= not on_device
         s.target_tokens.append(token)
         s.token_delays.append(s.available)
         released = []

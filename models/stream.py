@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.errors import UserError
-from models.policy import Policy
+from models.policies import Policy
 
 
 class StreamError(UserError):
@@ -59,6 +59,7 @@ class StreamState:
     queue: list[int] = field(default_factory=list)           # tokens decided ahead (beam search)
     need: int = 0                      # source positions the next decoder trial needs (GMA)
     blocked: bool = False              # the last step read; nothing new has arrived since
+    dirty: bool = True                 # the device's slot row (models/slot_state.py) is behind the host's values
     done: bool = False
     record: list[dict] | None = None   # per written token: p, n, attention (for plots)
 

@@ -19,6 +19,7 @@ from models import gma
 from models.attention import MultiHeadAttention, causal_mask, visible_mask
 from models.config import ModelConfig
 from models.decode_io import DecodeInput, DecodeOutput
+from models.policies import policy_class
 from models.variants.calibration import CalibrationMask
 from models.variants.gmm import GaussianMixture
 from models.variants.phrase import PhraseProjection
@@ -74,7 +75,8 @@ class DecoderLayer(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.ln3 = nn.LayerNorm(cfg.d_model)
-        self.step_predictor = gma.StepPredictor(cfg.d_model) if cfg.attention == "gma" else None
+        self.step_predictor = policy_class(cfg).layer_module(cfg)   # GMA's Δp predictor (else None)
+        self.max_positions = cfg.max_positions
         self.dropout = cfg.dropout
         # the cross-attention variant's own parameters (at most one of these exists)
         var = cfg.variant
@@ -170,6 +172,7 @@ class Transformer(nn.Module):
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.fused_cross_kv: nn.Module | None = None  # set by inference copies (packed_linear.py)
+        self.rule = policy_class(cfg)   # the policy class whose window the decoder layers apply
 
     # ---- shared pieces -------------------------------------------------
     def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -189,22 +192,9 @@ class Transformer(nn.Module):
                 for i, layer in enumerate(self.decoder)]
 
     def cross_window(self, layer: DecoderLayer, q, t, src_len, k=None, delta=None, running=None):
-        """Visible counts n (B,T) (uncapped) and GMA prior inputs for one decoder layer.
-
-        t (B,T) target positions; src_len (B,) source positions the window is capped to;
-        running (B,) the GMA running Σ Δp before this block (streaming) or None
-        (full sequence: cumulative sum over T). Returns (n_needed, p or None, new_running).
-        """
-        kind = self.cfg.attention
-        if kind == "standard":
-            return src_len.view(-1, 1).expand_as(t), None, None
-        if kind == "waitk":
-            return t + k.view(-1, 1), None, None
-        step = layer.step_predictor(layer.cross_attn.merge(q))  # (B,T), fp32
-        step = torch.where(t == 0, torch.zeros_like(step), step)  # Δp_0 = 0
-        total = torch.cumsum(step, dim=1) if running is None else running.view(-1, 1) + step
-        p = gma.clamp_position(total, float(self.cfg.max_positions))
-        return gma.window_size(p, delta.view(-1, 1).float()), p, total[:, -1]
+        """Visible counts n (B,T) (uncapped), the prior's position p (or None) and the new running value
+        for one decoder layer: the model's policy's window (models/policies/)."""
+        return self.rule.window(layer, q, t, src_len, k, delta, running)
 
     # ---- full sequences (training, teacher forcing, reference computations) ----
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> torch.Tensor:

@@ -436,7 +436,7 @@ class Session:
             self.engine.end_stream(self.h)
 
     def _start(self, msg: Start) -> None:
-        from models.policy import PolicyError
+        from models.policies import PolicyError
         if self.h is not None:
             raise ProtocolError("already_started", "this stream has started already", msg.id)
         name = next(iter(self.srv.engines)) if msg.model is None else msg.model   # "" is no model's name

@@ -30,7 +30,7 @@ from typing import Callable
 
 from models.cpu_info import cpu_summary
 from models.metrics.latency import sentence_scores
-from models.policy import Policy, PolicyError, make_policy
+from models.policies import Policy, make_policy, policy_class
 from models.step import StreamingDecoder
 from models.stream import StreamError, StreamState, TargetWord
 from server.protocol import error as _error
@@ -110,11 +110,7 @@ class ModelEngine:
     # ---- description -----------------------------------------------------------
     def info(self) -> dict:
         c = self.cfg
-        knobs = {}
-        if c.policy == "waitk":
-            knobs["k"] = {"default": c.default_k, "min": 1, "max": self.max_k}
-        elif c.policy == "gma":
-            knobs["delta"] = {"default": c.default_delta, "min": 0.0, "max": self.max_delta}
+        knobs = policy_class(c).knobs(c, self.max_k, self.max_delta)
         return {"name": self.name, "policy": c.policy, "attention": c.variant.kind.replace("none", "standard"),
                 "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
@@ -128,10 +124,7 @@ class ModelEngine:
     def policy_for(self, k, delta) -> Policy:
         """The stream's policy; PolicyError if the setting is invalid or outside the allowed range."""
         p = make_policy(self.cfg, k=k, delta=delta)
-        if p.kind == "waitk" and p.k > self.max_k:
-            raise PolicyError(f"k must be between 1 and {self.max_k}, got {p.k}")
-        if p.kind == "gma" and p.delta > self.max_delta:
-            raise PolicyError(f"delta must be between 0 and {self.max_delta:g}, got {p.delta:g}")
+        p.check_limits(self.max_k, self.max_delta)
         return p
 
     def count_subwords(self, words: list[str]) -> int:
@@ -191,7 +184,7 @@ class ModelEngine:
     def warmup(self) -> None:
         """One tiny sentence through the model (first-call costs), before serving; engine thread."""
         def run():
-            s = self.dec.new_stream(**({"k": 1} if self.cfg.policy == "waitk" else {}))
+            s = self.dec.new_stream()
             try:
                 self.dec.push(s, ["a"])
                 self.dec.finish(s)
@@ -404,8 +397,7 @@ class ModelEngine:
                     continue
             if isinstance(cmd, PushWords):
                 if s is None:
-                    p = h.policy
-                    s = h.state = self.dec.new_stream(k=p.k, delta=p.delta, beam=p.beam)
+                    s = h.state = self.dec.new_stream(policy=h.policy)
                     h.arrivals, h.first_arrival, h.end_time, h.compute = [], cmd.t, cmd.t, 0.0
                 try:
                     self.dec.push(s, cmd.words)

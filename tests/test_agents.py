@@ -21,7 +21,7 @@ from simuleval.evaluator.instance import INSTANCE_TYPE_DICT  # noqa: E402
 from agents.simul_agent import AgentError, GMAAgent, SimulAgent, SimulStates, WaitKAgent  # noqa: E402
 from models.checkpoint import CheckpointError  # noqa: E402
 from models.metrics.latency import corpus_scores, sentence_scores  # noqa: E402
-from models.policy import PolicyError  # noqa: E402
+from models.policies import PolicyError  # noqa: E402
 from models.data.synthetic import make_pairs  # noqa: E402
 from models.translate import simulate  # noqa: E402
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, random_decoder
 
-from models.policy import PolicyError
+from models.policies import PolicyError
 from models.stream import SourceTooLong, StreamError
 
 

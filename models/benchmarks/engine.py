@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
 from models.decoding import DecodingOptions, StutterContext, all_bans
+from models.policies import make_policy
 from models.step import MAX_LEN_A, MAX_LEN_B, StreamingDecoder
 from models.translate import simulate
 
@@ -24,10 +26,8 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
     same decoding options as the streaming step (default: the policy's)."""
     cfg = model.cfg
     options = (options or DecodingOptions()).for_policy(cfg.policy)
-    if cfg.policy == "waitk" and k is None:
-        k = cfg.default_k
-    if cfg.policy == "gma" and delta is None:
-        delta = cfg.default_delta
+    policy = make_policy(cfg, k=k, delta=delta)
+    k, delta = policy.k, policy.delta
     words = sentence.split()
     dev = model.embed.weight.device
     src, tgt, delays = [], [], []
@@ -37,8 +37,8 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
         if enc is None and (cfg.causal_encoder or finished):  # re-encode the whole prefix
             ids = torch.tensor([src + [cfg.eos_id] * finished or [cfg.pad_id]], device=dev)
             enc = model.encode(ids, torch.tensor([max(avail, 1)], device=dev))
-        must_read = not finished and (
-            cfg.policy == "offline" or (cfg.policy == "waitk" and len(tgt) + k > avail))
+        # the policy's own rule before a trial (wait-k: k words ahead; offline: the whole sentence)
+        must_read = not finished and policy.must_read(SimpleNamespace(target_tokens=tgt, available=avail))
         token = None
         if not must_read:
             cap = cfg.max_positions - 1
@@ -52,7 +52,7 @@ def naive_translate(model, tok, sentence: str, k: int | None = None, delta: floa
                 dd = torch.tensor([delta], device=dev) if delta is not None else None
                 logits, info = model.decode(tgt_in, enc[:, :max(avail, 1)], torch.tensor([avail], device=dev), kk, dd)
                 needs = [int(n[0, -1]) for n in info["need"]]
-                if not finished and cfg.policy == "gma" and max(needs) > avail:
+                if not finished and max(needs) > avail:   # a window beyond the source read (GMA)
                     must_read = True
                 else:
                     scores = logits[0, -1].clone()

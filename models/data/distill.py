@@ -25,6 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from models.errors import UserError
+from models.policies import policy_class
 
 CHUNK = 64   # sentences translated between two appends to the distill file
 
@@ -82,7 +83,7 @@ def distill(teacher: str | Path, data: str | Path, out: str | Path, *, sources: 
     if unknown:
         raise UserError(f"no training files for {unknown} in {data} (it has {known})")
     model, tok, info = load_checkpoint(resolve_checkpoint(str(teacher)), pick_device(device))
-    if model.cfg.attention != "standard":
+    if policy_class(model.cfg).streams:
         raise UserError(f"the teacher must be an offline model; {teacher} is a {model.cfg.attention} model")
     if (data / "spm.model").read_bytes() != tok.proto:
         raise UserError(f"{teacher} uses another vocabulary than {data}/spm.model: the students "

@@ -32,6 +32,7 @@ from models.config import ModelConfig
 from models.training.data_loading import collate, encode_pairs, make_batches, oversampled, read_parallel
 from models.training.unlikelihood import unlikelihood_loss
 from models.errors import UserError
+from models.policies import policy_class
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
 
@@ -152,7 +153,7 @@ def curriculum_delta(step: int, curriculum: list | None, final: float) -> float:
 def check_delta_curriculum(curriculum, attention: str) -> None:
     if curriculum is None:
         return
-    if attention != "gma":
+    if not policy_class(attention).has_delta:
         raise UserError(f"delta_curriculum is for GMA models; this recipe trains {attention!r} attention")
     ok = isinstance(curriculum, (list, tuple)) and len(curriculum) == 2
     if not ok or not float(curriculum[0]) > 0 or int(curriculum[1]) < 1:
@@ -162,7 +163,7 @@ def check_delta_curriculum(curriculum, attention: str) -> None:
 def check_delta_sample(choices, curriculum, attention: str) -> None:
     if choices is None:
         return
-    if attention != "gma":
+    if not policy_class(attention).has_delta:
         raise UserError(f"delta_sample is for GMA models; this recipe trains {attention!r} attention")
     if curriculum is not None:
         raise UserError("delta_sample and delta_curriculum cannot be combined: pick one δ schedule")
@@ -183,7 +184,7 @@ def sample_delta(seed: int, step: int, b: int, choices: list, rank: int = 0) -> 
 def train_delta(cfg: ModelConfig, b: int, device, delta) -> torch.Tensor | None:
     """The (b,) δ of a GMA training batch: `delta` (a curriculum's value or one δ per sentence) or
     the model's default."""
-    if cfg.attention != "gma":
+    if not policy_class(cfg).has_delta:
         return None
     if isinstance(delta, (list, tuple)):
         return torch.tensor(delta, dtype=torch.float32, device=device)
@@ -230,10 +231,9 @@ def distillation_loss(teacher, batch, cfg: ModelConfig, kk, delta, logp: torch.T
     """Summed KL(teacher || model) over the batch's target tokens; `logp` the model's (B*T, V) log-probabilities.
     The teacher sees what its own policy reads: wait-k's k, GMA's δ, or neither."""
     src, src_len, tgt_in, tgt_out = batch
-    tcfg = teacher.cfg
+    rule = policy_class(teacher.cfg)
     with torch.no_grad():
-        t_logits = teacher(src, src_len, tgt_in, kk if tcfg.attention == "waitk" else None,
-                           delta if tcfg.attention == "gma" else None)
+        t_logits = teacher(src, src_len, tgt_in, kk if rule.has_k else None, delta if rule.has_delta else None)
     keep = (tgt_out != cfg.pad_id).view(-1)
     t_logp = F.log_softmax(t_logits.float().view(-1, logp.shape[-1])[keep], -1)
     return F.kl_div(logp[keep], t_logp, log_target=True, reduction="sum")
@@ -297,7 +297,7 @@ def validation_loss(model, cfg: ModelConfig, examples, max_tokens: int, device=N
     """Loss per target token on encoded pairs, no label smoothing (GMA at the model's δ, wait-k at its
     default k): the validation loss of training, and of recipes/valid_loss.py choosing among checkpoints."""
     total, ntok = 0.0, 0
-    k = cfg.default_k if cfg.attention == "waitk" else None
+    k = cfg.default_k if policy_class(cfg).has_k else None
     with torch.no_grad():
         for idx in make_batches(examples, max_tokens, 0, 0):
             batch = collate(examples, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, device)
@@ -495,7 +495,7 @@ class Trainer:
                 win_loss, win_tok = 0.0, 0
                 for idx in batches[self.position:]:
                     batch = collate(self.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, self.device)
-                    k = sample_k(tc.seed, self.step, batch[0].shape[1]) if cfg.attention == "waitk" else None
+                    k = sample_k(tc.seed, self.step, batch[0].shape[1]) if policy_class(cfg).has_k else None
                     self.step += 1
                     lr = inverse_sqrt_lr(self.step, tc.lr, tc.warmup)
                     for g in self.opt.param_groups:

@@ -1,0 +1,74 @@
+"""The numbers a decoder step reads and writes per stream, in preallocated slot-indexed tensors on the device.
+
+One `SlotState` per cache pool, its rows the pool's slots (vLLM's persistent `InputBatch`, here next to the
+key/value caches). A step gathers its rows by slot and writes them back on the device:
+- `t`, `prev`: the target position and the last written token; the step itself moves them on where it WRITEs,
+  so a stream that keeps writing costs the host nothing here;
+- `avail`, `finished`: the source the stream has read; the host writes a row only when it changed
+  (a READ took words, the source ended) or was written on the host (beam search, the length cap);
+- the policy's fields (`k`, `delta`, GMA's `running` sums) and a variant's carried `context`, set when a stream
+  starts (`Policy.reset_slot`) and never read on the host.
+Fields a model does not use are None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from models.policies import policy_class
+
+
+@dataclass
+class SlotState:
+    t: torch.Tensor                          # (C,) long
+    prev: torch.Tensor                       # (C,) long
+    avail: torch.Tensor                      # (C,) long: source positions read (EOS counted once finished)
+    finished: torch.Tensor                   # (C,) bool: the source has ended
+    k: torch.Tensor | None = None            # (C,) long: wait-k's lag
+    delta: torch.Tensor | None = None        # (C,) float32: GMA's δ
+    running: torch.Tensor | None = None      # (C, L) float32: GMA's unclamped Σ Δp per layer
+    context: torch.Tensor | None = None      # (C, L, d): SACT's c̃ / interleaved phrases' x of the last WRITE
+
+    @staticmethod
+    def spec(cfg, dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per field in use, (shape after the slot, dtype)."""
+        out = {"t": ((), torch.long), "prev": ((), torch.long), "avail": ((), torch.long),
+               "finished": ((), torch.bool)}
+        out.update(policy_class(cfg).slot_fields(cfg))
+        if cfg.variant.carries_context:
+            out["context"] = ((cfg.decoder_layers, cfg.d_model), dtype)
+        return out
+
+    @classmethod
+    def allocate(cls, spec: dict, capacity: int, device) -> "SlotState":
+        return cls(**{name: torch.zeros(capacity, *shape, dtype=dt, device=device)
+                      for name, (shape, dt) in spec.items()})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields in use, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def resized(self, spec: dict, capacity: int) -> "SlotState":
+        """A copy with `capacity` rows (the first rows kept; new rows zero)."""
+        out = {}
+        for name, t in self.tensors().items():
+            shape, dt = spec[name]
+            new = torch.zeros(capacity, *shape, dtype=dt, device=t.device)
+            n = min(capacity, t.shape[0])
+            new[:n] = t[:n]
+            out[name] = new
+        return SlotState(**out)
+
+    def clear(self, slot: int) -> None:
+        """A new stream in `slot`: zero rows (fills of views: no host-made tensor, no transfer)."""
+        for t in self.tensors().values():
+            t[slot].zero_()
+
+    def write_rows(self, rows: torch.Tensor) -> None:
+        """rows (M, 5) on the device: slot, t, prev, avail, finished of the streams the host changed."""
+        slots, t, prev, avail, finished = rows.unbind(1)
+        self.t.index_copy_(0, slots, t)
+        self.prev.index_copy_(0, slots, prev)
+        self.avail.index_copy_(0, slots, avail)
+        self.finished.index_copy_(0, slots, finished.bool())
