@@ -19,7 +19,7 @@ from models.decoding import DecodingOptions, StutterContext, banning_filters, fi
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policies import Policy, make_policy
-from models.step_form import StepForm, step_form
+from models.step_form import StepForm, StepFormError, step_form
 from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
@@ -63,6 +63,7 @@ class StreamingDecoder:
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
         self.decode_fn = self.net.decode_step
         self.scratch = None
+        self.graphs = None   # models/cuda_graphs.py: the decoder step's captured graphs (capture_graphs)
         if self.form.static_shapes:
             self._static_shapes()
         if self.compiled:
@@ -104,6 +105,28 @@ class StreamingDecoder:
         while b < n:
             b *= 2
         return min(b, self.cfg.max_positions)
+
+    def capture_graphs(self, capacity: int, max_batch: int) -> dict:
+        """The `graphs` form, once, before any stream: a fixed pool of `capacity` stream slots (plus the
+        scratch slot), then every padded batch size up to `max_batch` and every cache length captured
+        (models/cuda_graphs.py). Returns what the capture took (graphs, seconds, device bytes)."""
+        from models.cuda_graphs import DecoderGraphs, powers_of_two
+        if not self.form.graphs:
+            raise StepFormError(f"step form {self.form.name!r} captures no graphs (use --step graphs)")
+        if self.banning:
+            raise StepFormError("the graphs form needs no_repeat_ngram and no_stutter off: their bans are "
+                                "planned on the host per row")
+        if self.graphs is not None:
+            raise StepFormError("the decoder's graphs were captured already; capture happens once, at start-up")
+        if self.streams_in_cache:
+            raise StepFormError("graphs are captured before any stream starts")
+        self.pool = CachePool(self.cfg, self.device, self.dtype, capacity=capacity + 1, fixed=True)
+        self._static_shapes()
+        lengths = sorted({self.bucket(n) for n in powers_of_two(self.cfg.max_positions, 8)})
+        graphs = DecoderGraphs(self, powers_of_two(max_batch), lengths)
+        stats = graphs.capture()
+        self.graphs = graphs
+        return stats
 
     @property
     def streams_in_cache(self) -> int:
@@ -348,56 +371,18 @@ class StreamingDecoder:
     def _decode(self, states: list[StreamState], sent: dict[str, torch.Tensor], t_max: int,
                 a_max: int) -> list[StepOutput]:
         """One batched decoder trial. The per-stream numbers the model alone uses (k, δ, GMA's
-        sums, a variant's context) stay in the pool's slot-indexed state; what comes back to
-        the host is one (B, 3) copy: READ or not, the source it needs, the token."""
-        cfg, pool, rows = self.cfg, self.pool, self.pool.rows
+        sums, a variant's context) stay in the pool's slot rows; what comes back to the host is
+        one (B, 3) copy: READ or not, the source it needs, the token."""
         slots = sent["dec_slots"]
         if "changes" in sent:
-            rows.write_rows(sent["changes"])
-        t, prev, avail, finished = (x.index_select(0, slots) for x in (rows.t, rows.prev, rows.avail, rows.finished))
-        k, delta, running, contexts = (None if x is None else x.index_select(0, slots)
-                                       for x in (rows.k, rows.delta, rows.running, rows.context))
-        lone = states[0].slot if len(states) == 1 else None
-        mask_caches = pool.gather("cross_mk", slots, a_max, lone) if pool.layers["cross_mk"] else None
-        record = any(s.record is not None for s in states)
-        # (recording attention for plots is a diagnostic: it runs eager)
-        inp = DecodeInput(prev, t, pool.gather_kv("dec", slots, t_max, lone),
-                          pool.gather_kv("cross", slots, a_max, lone), avail, finished, k, delta, running,
-                          mask_caches=mask_caches, contexts=contexts)
-        out = (self.net.decode_step if record else self.decode_fn)(inp, need_weights=record,
-                                                                   early_exit=not self.sync_free)
-        hidden, new_kv, read, need = out.hidden, out.new_kv, out.read, out.need
-        if out.exited_early:  # every row READ below the top layer (host shortcut, see decode_step)
-            tokens = torch.zeros_like(need)
-        elif self.sync_free:  # scores for every row: a mask of the writing rows would synchronise
-            tokens = self._choose(hidden, None, finished, sent.get("bans"))
-        else:                 # on the host the mask is free and saves the READ rows' output projection
-            tokens = torch.zeros_like(need)
-            keep = ~read
-            if keep.any():
-                tokens[keep] = self._choose(hidden[keep], keep, finished[keep], sent.get("bans"))
-        # EOS before the source has ended is a READ (the reference agents' rule): a translation
-        # ends with its sentence, not while the speaker is still talking
-        early = ~read & (tokens == cfg.eos_id) & ~finished
-        need = torch.where(early, avail + 1, need)
-        read = read | early
-        wrote = ~read
-        if len(slots) > len(states):   # padding rows (the scratch slot) never advance
-            wrote[len(states):] = False
-        # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
-        # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
-        for layer, (kk, vv) in enumerate(new_kv):
-            pool.write("dec_k", layer, slots, t, kk[:, :, 0])
-            pool.write("dec_v", layer, slots, t, vv[:, :, 0])
-        # a WRITE moves the row on, on the device: position, last token, GMA's sums, a carried context
-        rows.t.index_copy_(0, slots, t + wrote)
-        rows.prev.index_copy_(0, slots, torch.where(wrote, tokens, prev))
-        if out.running is not None:
-            rows.running.index_copy_(0, slots, torch.where(wrote.view(-1, 1), out.running, running))
-        if out.context is not None:
-            moved = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
-            rows.context.index_copy_(0, slots, moved)
-        decided = torch.stack([read.long(), need, tokens], 1)[: len(states)].tolist()   # the one copy back
+            self.pool.rows.write_rows(sent["changes"])
+        record = any(s.record is not None for s in states)   # (a diagnostic for plots: it runs eager)
+        if self.graphs is not None and not record:
+            decided, out = self.graphs.run(slots, t_max, a_max), None
+        else:
+            lone = states[0].slot if len(states) == 1 else None
+            decided, out = self._decode_core(slots, t_max, a_max, sent.get("bans"), lone, record)
+        decided = decided[: len(states)].tolist()   # the one copy back
         outs = []
         for r, s in enumerate(states):
             was_read, n, token = decided[r]
@@ -411,6 +396,55 @@ class StreamingDecoder:
                                  "attention": [a[r].mean(0)[: s.available].tolist() for a in out.attention]})
             outs.append(self._write(s, token, on_device=True))
         return outs
+
+    def _decode_core(self, slots: torch.Tensor, t_max: int, a_max: int, bans: torch.Tensor | None = None,
+                     lone: int | None = None, record: bool = False):
+        """The device half of a decoder trial for the rows `slots` (padding rows: the scratch slot): gather,
+        decode, choose, write the new keys and move the writing rows on. Returns the (B, 3) decisions (READ?,
+        source needed, token) and the step's DecodeOutput. Sync-free unless the form keeps host shortcuts;
+        with `lone` None and no bans it is what a CUDA graph captures (models/cuda_graphs.py)."""
+        cfg, pool, rows = self.cfg, self.pool, self.pool.rows
+        t, prev, avail, finished = (x.index_select(0, slots) for x in (rows.t, rows.prev, rows.avail, rows.finished))
+        k, delta, running, contexts = (None if x is None else x.index_select(0, slots)
+                                       for x in (rows.k, rows.delta, rows.running, rows.context))
+        mask_caches = pool.gather("cross_mk", slots, a_max, lone) if pool.layers["cross_mk"] else None
+        inp = DecodeInput(prev, t, pool.gather_kv("dec", slots, t_max, lone),
+                          pool.gather_kv("cross", slots, a_max, lone), avail, finished, k, delta, running,
+                          mask_caches=mask_caches, contexts=contexts)
+        out = (self.net.decode_step if record else self.decode_fn)(inp, need_weights=record,
+                                                                   early_exit=not self.sync_free)
+        hidden, new_kv, read, need = out.hidden, out.new_kv, out.read, out.need
+        if out.exited_early:  # every row READ below the top layer (host shortcut, see decode_step)
+            tokens = torch.zeros_like(need)
+        elif self.sync_free:  # scores for every row: a mask of the writing rows would synchronise
+            tokens = self._choose(hidden, None, finished, bans)
+        else:                 # on the host the mask is free and saves the READ rows' output projection
+            tokens = torch.zeros_like(need)
+            keep = ~read
+            if keep.any():
+                tokens[keep] = self._choose(hidden[keep], keep, finished[keep], bans)
+        # EOS before the source has ended is a READ (the reference agents' rule): a translation
+        # ends with its sentence, not while the speaker is still talking
+        early = ~read & (tokens == cfg.eos_id) & ~finished
+        need = torch.where(early, avail + 1, need)
+        read = read | early
+        wrote = ~read
+        if self.scratch is not None:   # padding rows (the scratch slot) never advance
+            wrote = wrote & (slots != self.scratch)
+        # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
+        # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
+        for layer, (kk, vv) in enumerate(new_kv):
+            pool.write("dec_k", layer, slots, t, kk[:, :, 0])
+            pool.write("dec_v", layer, slots, t, vv[:, :, 0])
+        # a WRITE moves the row on, on the device: position, last token, GMA's sums, a carried context
+        rows.t.index_copy_(0, slots, t + wrote)
+        rows.prev.index_copy_(0, slots, torch.where(wrote, tokens, prev))
+        if out.running is not None:
+            rows.running.index_copy_(0, slots, torch.where(wrote.view(-1, 1), out.running, running))
+        if out.context is not None:
+            moved = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
+            rows.context.index_copy_(0, slots, moved)
+        return torch.stack([read.long(), need, tokens], 1), out
 
     def _choose(self, hidden: torch.Tensor, keep: torch.Tensor | None, finished: torch.Tensor,
                 bans: torch.Tensor | None) -> torch.Tensor:
