@@ -12,7 +12,7 @@ Fields a model does not use are None.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -46,8 +46,8 @@ class SlotState:
                       for name, (shape, dt) in spec.items()})
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The fields in use, by name."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The fields in use, by name (from the instance dict: dataclasses.fields() cost 0.25 ms a call)."""
+        return {name: t for name, t in vars(self).items() if t is not None}
 
     def resized(self, spec: dict, capacity: int) -> "SlotState":
         """A copy with `capacity` rows (the first rows kept; new rows zero)."""
