@@ -6,7 +6,9 @@
     simulserve stream talk.txt --url wss://host/v1/stream --api-key KEY
 
 Exit codes: 0 done, 2 server unreachable or not a simulserve server, 3 server
-full or still loading, 4 API key or origin rejected, 5 other server error.
+full, still loading, or busy for longer than --busy-wait, 4 API key or origin
+rejected, 5 other server error. A `server_busy` refusal (the model is at its
+real-time capacity) is retried after the server's `retry_after`.
 """
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
-EXIT = {"server_full": 3, "not_ready": 3, "unauthorized": 4, "origin_not_allowed": 4}
+EXIT = {"server_full": 3, "not_ready": 3, "server_busy": 3, "unauthorized": 4, "origin_not_allowed": 4}
 HINTS = {
     "server_full": "the server is full; try again later",
+    "server_busy": "the server stayed at its real-time capacity for longer than --busy-wait",
     "not_ready": "the server is still loading its models; try again shortly",
     "unauthorized": "the server rejected the API key (pass --api-key or set SIMULSERVE_API_KEY)",
     "origin_not_allowed": "the server does not accept this origin",
@@ -121,6 +124,14 @@ class _ConnectionLost(Exception):
     """The connection ended without `end` and may be reopened."""
 
 
+class _Busy(Exception):
+    """`start` was refused with `server_busy`: nothing was accepted; try again after `retry_after` s."""
+
+    def __init__(self, msg: dict):
+        super().__init__(msg["message"])
+        self.msg, self.retry_after = msg, float(msg.get("retry_after") or 1.0)
+
+
 async def _open(url: str, headers: dict, ssl_ctx, open_timeout: float):
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
@@ -139,13 +150,16 @@ async def _open(url: str, headers: dict, ssl_ctx, open_timeout: float):
 async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: float = 150.0,
                        auto_segment: bool = False, segmenter: str = "punct", api_key: str | None = None,
                        ssl_ctx=None, captions: Captions | None = None, open_timeout: float = 10.0, reconnect: int = 3,
-                       warn=lambda text: print(text, file=sys.stderr)) -> Summary:
+                       busy_wait: float = 300.0, warn=lambda text: print(text, file=sys.stderr)) -> Summary:
     """Stream `lines` (one sentence per line, or continuous text with auto_segment) and collect results.
 
     If the server goes away mid-stream (close code 1001/1012, or the connection drops), the client opens
     a new connection (up to `reconnect` times in a row) and sends again every sentence not yet translated,
     from its first word: nothing is lost, and the words of those unfinished sentences are dropped from the
-    summary (their sentences restart). Sentence numbers continue across connections."""
+    summary (their sentences restart). Sentence numbers continue across connections.
+
+    Refused with `server_busy` (the model is at its real-time capacity), it waits the server's `retry_after`
+    and tries again, for at most `busy_wait` seconds in a row (then ClientError, exit code 3)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     summary = Summary()
     it = iter(lines)
@@ -153,6 +167,7 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
     # ([] stands for a blank line's end_sentence)
     pending: list[list[str]] = []
     failures = 0                              # reconnects in a row without a translated sentence
+    busy_since: float | None = None           # refused with server_busy since then
     ws = await _open(url, headers, ssl_ctx, open_timeout)
     while True:
         before = len(summary.sentences)
@@ -160,7 +175,17 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
             await _one_connection(ws, it, pending, summary, model=model, k=k, delta=delta, wpm=wpm,
                                   auto_segment=auto_segment, segmenter=segmenter, captions=captions, warn=warn)
             return summary
+        except _Busy as e:
+            now = time.monotonic()
+            busy_since = busy_since or now
+            if now + e.retry_after - busy_since > busy_wait:
+                raise ClientError(f"{HINTS['server_busy']} ({busy_wait:g} s) [server_busy: {e}]", 3) from None
+            warn(f"simulserve stream: the server is busy (server_busy): {e}")
+            await asyncio.sleep(e.retry_after)
+            ws = await _open(url, headers, ssl_ctx, open_timeout)
+            continue
         except _ConnectionLost as e:
+            busy_since = None
             failures = 1 if len(summary.sentences) > before else failures + 1
             if failures > reconnect:
                 raise ClientError(f"{e}; gave up after {reconnect} reconnects", 5) from None
@@ -290,8 +315,10 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
                 summary.warnings.append(msg)
                 warn(f"simulserve stream: warning {msg['code']}: {msg['message']}")
             elif kind == "error":
-                summary.errors.append(msg)
                 code = msg["code"]
+                if code == "server_busy":   # at `start`: nothing was sent yet; the caller waits and retries
+                    raise _Busy(msg)
+                summary.errors.append(msg)
                 if msg.get("fatal") or code in ("unknown_model", "bad_setting", "backlog_full",
                                                 "sentence_too_long"):
                     raise ClientError(f"{HINTS.get(code, 'the server refused the stream')} "
@@ -334,7 +361,7 @@ def register(sub) -> None:
                "  simulserve stream talk.txt --model gma            # one sentence per line, 150 words per minute\n"
                "  cat notes.txt | simulserve stream --auto-segment   # continuous text, cut at . ! ?\n"
                "  simulserve stream talk.txt --url wss://mt.example.org/v1/stream --api-key KEY\n"
-               "exit codes: 0 done, 2 unreachable or not a simulserve server, 3 server full or loading,\n"
+               "exit codes: 0 done, 2 unreachable or not a simulserve server, 3 server full, loading or busy,\n"
                "4 API key or origin rejected, 5 any other refusal",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", help="text file, one sentence per line (default: stdin)")
@@ -356,6 +383,9 @@ def register(sub) -> None:
     p.add_argument("--reconnect", type=int, default=3, metavar="N",
                    help="when the server goes away mid-stream, reconnect up to N times in a row and send the "
                         "unfinished sentences again (default 3; 0 = never)")
+    p.add_argument("--busy-wait", type=float, default=300.0, metavar="S",
+                   help="refused with server_busy (the server is at its real-time capacity), try again after the "
+                        "server's retry_after for up to S seconds in a row (default 300), then exit with 3")
     p.add_argument("--reference", metavar="FILE",
                    help="long form: the input is one talk (a source sentence per line, sent with no sentence "
                         "ends: use --auto-segment and a --wpm) and FILE its references; the output is re-aligned "
@@ -385,7 +415,7 @@ def run(args) -> int:
             summary = asyncio.run(stream_lines(
                 url, (line for line in src), model=args.model, k=args.k, delta=args.delta, wpm=args.wpm,
                 auto_segment=args.auto_segment, segmenter=args.segmenter, api_key=args.api_key,
-                reconnect=args.reconnect,
+                reconnect=args.reconnect, busy_wait=args.busy_wait,
                 ssl_ctx=ssl_context(url, args.cafile, args.insecure), captions=captions))
     except ClientError as e:
         if captions.live and captions.current:

@@ -26,6 +26,8 @@ captured at start-up read): `allocate` then raises `PoolFull` when every slot is
 from __future__ import annotations
 
 import heapq
+import mmap
+import os
 
 import torch
 
@@ -36,6 +38,10 @@ from models.slot_state import SlotState
 class PoolFull(UserError):
     """Every slot of a fixed-capacity pool is taken."""
 
+
+# Linux's MAP_NORESERVE (mmap does not name it): no swap is set aside for a reservation, which is only an
+# address range until written
+MAP_NORESERVE = 0x4000 if os.uname().sysname == "Linux" else 0
 
 KINDS = ("enc_k", "enc_v", "cross_k", "cross_v", "dec_k", "dec_v", "cross_mk")
 
@@ -59,6 +65,9 @@ class CachePool:
         self.initial = self.capacity = capacity
         self.free = list(range(capacity))          # a heap: the lowest free slot first
         self.peak = 0                              # most slots in use since the last shrink
+        self.reserved = 0                          # slots whose memory is an address range (`reserve`)
+        self.touched = 0                           # reserved: highest slot handed out since the last shrink, + 1
+        self._maps: list[mmap.mmap] = []
 
     def _empty(self, name: str, n: int) -> torch.Tensor:
         c = self.cfg
@@ -78,6 +87,55 @@ class CachePool:
     def bytes_per_slot(self) -> int:
         return sum(t[:, 0].numel() * t.element_size() for t in self.tensors.values())
 
+    @property
+    def committed(self) -> int:
+        """Slots whose memory is (or may be) in use: the capacity, or for a reserved pool the slots handed
+        out since the last shrink."""
+        return self.touched if self.reserved else self.capacity
+
+    def reserve(self, slots: int) -> int:
+        """On the CPU, room for `slots` streams as an anonymous memory mapping: an address range the system
+        backs with zeroed pages only where a stream writes. Up to that many streams the pool then never
+        grows by copying itself (which stalled every stream for 0.5 s at 64 -> 128 slots of gma_delta1),
+        and `shrink` gives pages back instead of copying. Returns the slots reserved (0: not here)."""
+        if self.device.type != "cpu" or self.fixed or slots <= self.capacity or not MAP_NORESERVE:
+            return 0
+        try:
+            tensors = {name: self._mapped(name, slots) for name in KINDS}
+        except (OSError, ValueError, OverflowError):
+            return 0
+        for name, t in tensors.items():
+            t[:, : self.capacity] = self.tensors[name]
+        self.tensors = tensors
+        self.rows = self.rows.resized(self.spec, slots)
+        for slot in range(self.capacity, slots):
+            heapq.heappush(self.free, slot)
+        self.touched = max(self.touched, self.capacity)   # (what was in use may be anywhere below it)
+        self.capacity = self.reserved = slots
+        return slots
+
+    def _mapped(self, name: str, n: int) -> torch.Tensor:
+        c = self.cfg
+        shape = (self.layers[name], n, c.n_heads, c.max_positions, c.head_dim)
+        size = shape[0] * n * c.n_heads * c.max_positions * c.head_dim * self.dtype.itemsize
+        if size == 0:
+            return torch.zeros(shape, dtype=self.dtype)
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+        self._maps.append(m)   # (the tensor shares its memory: keep the mapping alive with the pool)
+        return torch.frombuffer(m, dtype=self.dtype).view(shape)
+
+    def _release_pages(self, first_slot: int) -> None:
+        """A reserved pool: give the pages of slots >= first_slot back to the system (they read as zeros)."""
+        page = mmap.PAGESIZE
+        for t, m in zip((t for t in self.tensors.values() if t.numel()), self._maps):
+            per_slot = t[0, 0].numel() * t.element_size()
+            for layer in range(t.shape[0]):
+                base = layer * t.shape[1] * per_slot
+                start = -(-(base + first_slot * per_slot) // page) * page
+                end = (base + t.shape[1] * per_slot) // page * page
+                if end > start:
+                    m.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def allocate(self) -> int:
         if not self.free:
             if self.fixed:
@@ -85,6 +143,7 @@ class CachePool:
             self._grow(self.capacity * 2)
         slot = heapq.heappop(self.free)
         self.peak = max(self.peak, self.in_use)
+        self.touched = max(self.touched, slot + 1)
         return slot
 
     def release(self, slot: int) -> None:
@@ -93,6 +152,8 @@ class CachePool:
         heapq.heappush(self.free, slot)
 
     def _grow(self, capacity: int) -> None:
+        if self.reserved:   # beyond the reservation: ordinary memory from here on
+            self.touched, self.reserved, self._maps = 0, 0, []
         for name, t in self.tensors.items():
             bigger = self._empty(name, capacity)
             bigger[:, : self.capacity] = t
@@ -107,6 +168,8 @@ class CachePool:
         least the initial capacity, never below a slot in use); returns the slots given back."""
         if self.fixed:
             return 0
+        if self.reserved:
+            return self._shrink_reserved()
         used = set(range(self.capacity)) - set(self.free)
         need = max(self.initial, 2 * self.peak, max(used, default=-1) + 1)
         target = self.initial
@@ -122,6 +185,21 @@ class CachePool:
         self.free = [slot for slot in self.free if slot < target]
         heapq.heapify(self.free)
         self.capacity = target
+        return given
+
+    def _shrink_reserved(self) -> int:
+        """The same rule as `shrink`, for a reserved pool: the pages of the slots above the cut go back to the
+        system; the address range (and the capacity) stay."""
+        used = set(range(self.capacity)) - set(self.free)
+        need = max(self.initial, 2 * self.peak, max(used, default=-1) + 1)
+        target = self.initial
+        while target < need:
+            target *= 2
+        self.peak = self.in_use
+        if target >= self.touched:
+            return 0
+        self._release_pages(target)
+        given, self.touched = self.touched - target, target
         return given
 
     def gather(self, name: str, slots: torch.Tensor, length: int, lone: int | None = None

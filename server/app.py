@@ -9,6 +9,7 @@ Limits below the handler (request heads, pings, frames) are in server/guard.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -23,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from models.decoding import DecodingOptions
+from server.admission import Admission
 from server.engine import ModelEngine
 from server.guard import RATE_EXTENSION, SUBPROTOCOL, IpLimits, TokenBucket, key_from_subprotocols
 from server.metrics import Metrics
@@ -34,6 +36,8 @@ log = logging.getLogger("simulserve.server")
 WEB_DIR = Path(__file__).resolve().parents[1] / "clients" / "web"
 MAX_QUEUED_ERRORS = 100    # unsent error replies before a client that does not read is dropped
 CLOSE_WAIT_S = 5.0         # how long closing may wait on a client that does not read
+LOOP_PROBE_S = 0.05        # the event loop's lateness is sampled this often...
+REFRESH_EVERY = 5          # ...and every 5th sample the headroom is recomputed (4 times a second)
 PLACEHOLDER = """<!doctype html><meta charset="utf-8"><title>simulserve</title>
 <h1>simulserve</h1><p>Simultaneous translation server. Stream over the websocket <code>/v1/stream</code>;
 see <a href="/docs">/docs</a>, <a href="/v1/models">/v1/models</a>, <a href="/v1/protocol">/v1/protocol</a>.</p>"""
@@ -51,6 +55,7 @@ def _load_decoder(path, device, dtype, step="default", options=None):
 
 class ServerState:
     """Everything one app owns: settings, metrics, engines (loaded in the background)."""
+    engine_class = ModelEngine   # (the engine process of `--workers N` uses its own: server/engine_process.py)
 
     def __init__(self, settings: ServerSettings, checkpoints: dict[str, Path]):
         self.settings, self.checkpoints = settings, checkpoints
@@ -84,14 +89,17 @@ class ServerState:
                     c = decoder.choice
                     log.info("model %s: step form %s chosen by %s on %s: %s\n%s", name, c.form,
                              "cached timing" if c.cached else "timing", c.cpu, c.reason, c.table())
-                eng = ModelEngine(name, decoder, metrics=self.metrics,
+                eng = self.engine_class(name, decoder, metrics=self.metrics,
                                   max_batch=1 if name in s.no_batching else s.max_batch,
                                   batch_window_ms=s.batch_window_ms,
                                   max_k=s.max_k, max_delta=s.max_delta,
-                                  max_output_messages=s.max_output_messages)
+                                  max_output_messages=s.max_output_messages,
+                                  admission=Admission(delay_budget_ms=s.delay_budget_ms, quiet_s=s.admission_quiet_s,
+                                                      retry_max_s=s.admission_retry_max_s, enabled=s.admission),
+                                  capacity=s.max_streams)
+                await eng.start()   # (the graphs form captures here, before the warm-up and before ready)
                 if s.warmup:
                     await asyncio.to_thread(eng.warmup)
-                await eng.start()
                 self.engines[name] = eng
                 log.info("model %s loaded from %s (%s, %s, %s)", name, path, eng.cfg.policy, device, s.dtype)
         except Exception as e:  # noqa: BLE001 - reported by /health, the server stays up
@@ -106,10 +114,28 @@ class ServerState:
             self.boundary_error = f"{type(e).__name__}: {e}"
             log.warning("no sentence-boundary classifier: %s", self.boundary_error)
         self.metrics.models_loaded.set(len(self.engines))
+        # what loading made lives as long as the server: out of the collector's sight, a full collection
+        # takes ~0 ms instead of ~100 ms (200,000 objects with gma_delta1), a pause every stream felt
+        gc.collect()
+        gc.freeze()
         self.ready = True
         self.settled.set()
-        if s.memory_trim_s > 0:
-            await self._trim_memory_forever(s.memory_trim_s)
+        await asyncio.gather(self._watch_load_forever(),
+                             *([self._trim_memory_forever(s.memory_trim_s)] if s.memory_trim_s > 0 else []))
+
+    async def _watch_load_forever(self) -> None:
+        """The event loop's lateness (it reads every stream's input and sends its words, so it adds to every
+        word's delay) for the headroom estimates, and the estimates themselves, kept fresh."""
+        n = 0
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(LOOP_PROBE_S)
+            late = time.monotonic() - t - LOOP_PROBE_S
+            n += 1
+            for eng in self.engines.values():
+                eng.admission.loop_lag(late)
+                if n % REFRESH_EVERY == 0:
+                    eng.refresh_load()
 
     async def _trim_memory_forever(self, every: float) -> None:
         """Streams come and go: cache pools shrink to what was used since the last pass, and glibc's
@@ -131,6 +157,16 @@ class ServerState:
         for eng in self.engines.values():
             await eng.stop()
 
+    # what the routes ask; a front end of `--workers N` asks the engine process instead (server/frontend.py)
+    async def sync(self, models: bool = False) -> None:
+        """Bring `ready`, `active`, the headroom (and with `models` each info()) up to date: live here already."""
+
+    async def scrape(self) -> bytes:
+        return self.metrics.render()
+
+    async def serve(self, ws: WebSocket) -> None:
+        await serve_stream(ws, self)
+
     def key_ok(self, ws: WebSocket) -> bool:
         """Authorization: Bearer KEY, else the subprotocol simulserve.key.<base64url KEY> (browsers), else
         ?token=KEY. An empty key is never configured (settings refuse it) and never matches."""
@@ -144,7 +180,8 @@ class ServerState:
 
 def health_response(srv: ServerState):
     if srv.ready:
-        out = {"status": "ok", "models": list(srv.engines), "active_streams": srv.active}
+        out = {"status": "ok", "models": list(srv.engines), "active_streams": srv.active,
+               "headroom": headroom(srv)}
         if srv.server_id:
             out["server"] = srv.server_id
         return out
@@ -152,13 +189,22 @@ def health_response(srv: ServerState):
     return JSONResponse({"status": status, "error": srv.load_error}, status_code=503)
 
 
+def headroom(srv: ServerState) -> dict:
+    """/health's `headroom`: `streams`, how many more streams the default model takes now (a load balancer's
+    routing figure), and each model's estimate (server/admission.py)."""
+    models = {name: eng.admission.current().as_dict() for name, eng in srv.engines.items()}
+    default = next(iter(models.values()), {})
+    return {"streams": default.get("streams", 0), "delay_budget_ms": srv.settings.delay_budget_ms,
+            "admission": srv.settings.admission, "models": models}
+
+
 def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool = False,
-               extend=None) -> FastAPI:
+               extend=None, state: ServerState | None = None) -> FastAPI:
     """The app. `wait_for_models`: startup ends once the models are loaded (a Ray Serve replica is only
     sent traffic after startup), else they load in the background and /health says when. `extend(app,
     srv)` adds routes before the caption page's catch-all mount."""
     settings = settings or load_settings()
-    srv = ServerState(settings, resolve_models(settings))
+    srv = state or ServerState(settings, resolve_models(settings))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -181,10 +227,12 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
 
     @app.get("/health", summary="200 once every model is loaded, else 503")
     async def health():
+        await srv.sync()
         return health_response(srv)
 
     @app.get("/v1/models", summary="served models, their policy, languages and allowed latency settings")
     async def models():
+        await srv.sync(models=True)
         if not srv.ready:
             return JSONResponse({"status": "loading", "error": srv.load_error}, status_code=503)
         return {"default": next(iter(srv.engines)), "models": [e.info() for e in srv.engines.values()]}
@@ -195,14 +243,14 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics():
-        return Response(srv.metrics.render(), media_type=srv.metrics.content_type)
+        return Response(await srv.scrape(), media_type=srv.metrics.content_type)
 
     for path, endpoint in (("/health", health), ("/v1/models", models), ("/metrics", metrics)):
         app.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)   # monitors probe with HEAD
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
-        await serve_stream(ws, srv)
+        await srv.serve(ws)
 
     if extend is not None:
         extend(app, srv)
@@ -375,7 +423,7 @@ class Session:
                 if self.h is None:
                     self.reply(error("start_timeout", f"no `start` within {s.start_timeout_s:g} s"))
                     self.srv.metrics.refusals.labels("start_timeout").inc()
-                elif self._translating():
+                elif await self._translating():
                     deadline = time.monotonic() + s.idle_timeout_s   # the client waits for us, not idle
                     continue
                 else:
@@ -395,7 +443,7 @@ class Session:
                 self.reply(error("message_too_large", f"messages are limited to {s.max_message_bytes} bytes"))
                 continue
             try:
-                self._handle(parse_client_message(text))
+                await self._handle(parse_client_message(text))
             except ProtocolError as e:
                 self.reply(e.to_message())
                 continue
@@ -406,7 +454,7 @@ class Session:
             if self.h is not None:
                 deadline = time.monotonic() + s.idle_timeout_s
 
-    def _translating(self) -> bool:
+    async def _translating(self) -> bool:
         """The engine still owes this client words: commands not yet applied (end_stream included),
         input not yet read, an ended sentence not yet finished. A client that waits for those is not idle;
         one that stops reading them is dropped by the unsent-message limit. (Reads flags only: safe while
@@ -415,9 +463,9 @@ class Session:
         return bool(h.commands) or h.backlog > 0 or (h.state is not None and h.state.end_received
                                                      and not h.state.done)
 
-    def _handle(self, msg) -> None:
+    async def _handle(self, msg) -> None:
         if isinstance(msg, Start):
-            return self._start(msg)
+            return await self._start(msg)
         if self.h is None:
             raise ProtocolError("not_started", "send a `start` message first", msg.id)
         if self.ended:
@@ -435,7 +483,7 @@ class Session:
             self.ended = True
             self.engine.end_stream(self.h)
 
-    def _start(self, msg: Start) -> None:
+    async def _start(self, msg: Start) -> None:
         from models.policies import PolicyError
         if self.h is not None:
             raise ProtocolError("already_started", "this stream has started already", msg.id)
@@ -455,8 +503,11 @@ class Session:
                 raise ProtocolError("bad_setting", "this server has no sentence-boundary classifier: "
                                     f"{self.srv.boundary_error}", msg.id)
             self.boundary = self.srv.boundary
-        self.engine, self.auto = engine, msg.auto_segment
-        self.h = engine.attach(policy, self.out, self.kill)
+        h, busy = await self._attach(engine, policy, msg)   # last: a stream refused for any other reason takes no share
+        if busy is not None:
+            self.reply(busy if msg.id is None else {**busy, "id": msg.id})   # fatal: the sender closes (1013)
+            return
+        self.engine, self.auto, self.h = engine, msg.auto_segment, h
         s, c = self.s, engine.cfg
         self.reply({
             "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
@@ -466,6 +517,12 @@ class Session:
                        "max_message_bytes": s.max_message_bytes, "rate_limit": s.rate_limit,
                        "idle_timeout_s": s.idle_timeout_s},
             **({"server": self.srv.server_id} if self.srv.server_id else {})})
+
+    async def _attach(self, engine: ModelEngine, policy, msg: Start):
+        """Admission, then the stream's handle: (handle, None), or (None, the `server_busy` error). A front end of
+        `--workers N` asks the engine process for both (server/frontend.py)."""
+        busy = engine.admit()
+        return (None, busy) if busy is not None else (engine.attach(policy, self.out, self.kill), None)
 
     def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
         """Validate all of a message's words first (a refused message changes nothing), then enqueue."""

@@ -11,6 +11,12 @@ Phases, one run, one table:
    transport). A level is real time when p99 ≤ --max-p99-ms. The p99 is also split into
    words written while the sentence is still being spoken ("live") and words written
    after its end (the decoder's tail: one sequential step per target piece).
+   The started server admits by headroom with --delay-budget-ms = --max-p99-ms (--no-admission:
+   everyone); a speaker refused with `server_busy` tries again after the server's retry_after and
+   speaks once admitted, so a level's delays are those of the admitted streams; `admitted` and
+   `refused` are counted per level, with how long the refused waited until admitted.
+1b. overload (--overload LEVELS): levels far past capacity after the ramp, each run whatever the
+   one before gave, with the admission table (and /health polled once a second throughout).
 2. throughput at --throughput-streams streams sending as fast as they are served
    (a whole sentence, then wait for its translation), batched model vs the same
    checkpoint with batching disabled.
@@ -69,6 +75,8 @@ def add_server_bench_args(p) -> None:
                                              "--no-batching (for the batching comparison)")
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
     p.add_argument("--server-threads", type=int, help="torch threads of the started server")
+    p.add_argument("--workers", type=int, help="front-end processes of the started server (serve --workers; "
+                                               "default: its default, one process)")
     p.add_argument("--device", help="device of the started server (not with --url): auto (its default: cuda "
                                     "when available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16, float16 on CUDA)")
@@ -80,7 +88,18 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--wpm", type=float, default=150.0, help="speaking rate of each simulated speaker")
     p.add_argument("--levels", default="25,50,100,150,200,300,400", help="concurrent speakers per ramp level")
     p.add_argument("--level-seconds", type=float, default=30.0)
-    p.add_argument("--max-p99-ms", type=float, default=100.0, help="real-time criterion")
+    p.add_argument("--max-p99-ms", type=float, default=100.0, help="real-time criterion (and the started server's "
+                                                                   "--delay-budget-ms)")
+    p.add_argument("--no-admission", action="store_true",
+                   help="the started server admits every speaker (its raw capacity; default: admission by "
+                        "headroom, refused speakers try again after the server's retry_after)")
+    p.add_argument("--overload", default="", metavar="LEVELS",
+                   help="after the ramp, run these speaker counts too (e.g. 10x the ramp's capacity), each whatever "
+                        "the one before gave: admitted and refused speakers, the p99 of the admitted streams, how "
+                        "long the refused waited until admitted on retry")
+    p.add_argument("--churn", type=int, default=0, metavar="N",
+                   help="ramp speakers end their stream after N sentences and open a new one, which must be "
+                        "admitted again (default 0: one stream each for the whole level)")
     p.add_argument("--real-time-on", choices=("all", "live"), default="all",
                    help="which words' p99 the criterion applies to: all (default), or only those written "
                         "while the sentence is still being spoken (live captions)")
@@ -88,7 +107,7 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--throughput-seconds", type=float, default=20.0)
     p.add_argument("--soak-seconds", type=float, default=600.0)
     p.add_argument("--soak-streams", type=int, help="default: the largest real-time level (at most 200)")
-    p.add_argument("--skip", default="", help="comma list of phases to skip: ramp, throughput, soak")
+    p.add_argument("--skip", default="", help="comma list of phases to skip: ramp, overload, throughput, soak")
     p.add_argument("--client-procs", type=client_procs_arg, default=1, metavar="N",
                    help="spread the simulated clients of every phase over N client processes (default 1: all "
                         "in this process); the ramp table shows the busiest one's CPU, and a level where one "
@@ -104,14 +123,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _max_streams(args) -> int:
+    """No ceiling in the way of the benchmark's speakers; with the `graphs` step form, whose cache pool is
+    allocated whole at start-up, just the most this run opens (its largest level or throughput phase)."""
+    if args.step != "graphs":
+        return 100000
+    levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
+    return max(levels + [args.throughput_streams, args.soak_streams or 0]) + 8
+
+
 def server_command(args, port: int) -> list[str]:
     """The `simulserve serve` command line of the server this benchmark starts."""
     cmd = [sys.executable, "-m", "clients.cli", "serve", f"bench={args.checkpoint}",
            f"bench_unbatched={args.checkpoint}", "--no-batching", "bench_unbatched", "--host", "127.0.0.1",
-           "--port", str(port), "--max-streams", "100000", "--idle-timeout", "3600", "--log-level", "warning",
-           "--max-connections-per-ip", "0"]   # every simulated speaker comes from 127.0.0.1
+           "--port", str(port), "--max-streams", str(_max_streams(args)), "--idle-timeout", "3600", "--log-level", "warning",
+           "--max-connections-per-ip", "0",   # every simulated speaker comes from 127.0.0.1
+           "--delay-budget-ms", str(args.max_p99_ms)]
+    if args.no_admission:
+        cmd.append("--no-admission")
     if args.server_threads:
         cmd += ["--torch-threads", str(args.server_threads)]
+    if args.workers:
+        cmd += ["--workers", str(args.workers)]
     if args.device:
         cmd += ["--device", args.device]
     if args.dtype:
@@ -203,6 +236,9 @@ class Record:
         self.lag_ms: list[float] = []
         self.words_in = self.words_out = self.sentences = 0
         self.errors: Counter = Counter()
+        self.admitted = self.refused = 0   # streams started; `server_busy` answers (admission by headroom)
+        self.waits: list[float] = []       # a stream refused first: seconds from its first try to its admission
+        self.waiting = 0                   # streams still refused when their phase ended
 
     def merge(self, other: Record) -> None:
         """Add another client process's record: every word's figures, not a summary of them."""
@@ -212,27 +248,58 @@ class Record:
         self.words_out += other.words_out
         self.sentences += other.sentences
         self.errors.update(other.errors)
+        self.admitted += other.admitted
+        self.refused += other.refused
+        self.waits += other.waits
+        self.waiting += other.waiting
 
 
-async def _open(url, model, headers, rec):
+async def _open_once(url, model, headers, rec):
+    """(the started stream, None) or (None, the refusal's error message)."""
     from websockets.asyncio.client import connect
     ws = await connect(url, additional_headers=headers, max_size=2 ** 22, open_timeout=60, ping_timeout=None)
     await ws.send(json.dumps({"type": "start", "model": model}))
     ready = json.loads(await ws.recv())
     if ready["type"] != "ready":
-        rec.errors[ready.get("code", "?")] += 1
         await ws.close()
-        return None
-    return ws
+        return None, ready
+    return ws, None
+
+
+async def _open(url, model, headers, rec, t_stop=None):
+    """(a started stream or None, whether it was refused first). A `server_busy` refusal is retried after its
+    retry_after (until t_stop, if given); the record counts admissions, refusals and how long a refused stream
+    waited."""
+    asked, refused = time.monotonic(), False
+    while True:
+        ws, refusal = await _open_once(url, model, headers, rec)
+        if ws is not None:
+            rec.admitted += 1
+            if refused:
+                rec.waits.append(time.monotonic() - asked)
+            return ws, refused
+        if refusal.get("code") != "server_busy":
+            rec.errors[refusal.get("code", "?")] += 1
+            return None, refused
+        rec.refused += 1
+        refused = True
+        wait = float(refusal.get("retry_after") or 1.0)
+        if t_stop is None or time.monotonic() + wait >= t_stop:
+            rec.waiting += 1
+            return None, refused
+        await asyncio.sleep(wait)
 
 
 async def speaker(url, model, headers, sentences, gap, t0, t_stop, rec: Record, rng, churn=0) -> None:
-    """Speak one word every `gap` s from t0 until t_stop (finishing the sentence); reconnect every `churn`."""
+    """Speak one word every `gap` s from t0 until t_stop (finishing the sentence); reconnect every `churn`.
+    Refused with `server_busy`, it tries again after the server's retry_after and, once in, speaks from then."""
     n = 0
     while time.monotonic() < t_stop:
-        ws = await _open(url, model, headers, rec)
+        ws, waited = await _open(url, model, headers, rec, t_stop)
         if ws is None:
             return
+        if waited:     # its speech starts once admitted, not in a burst of the words it would have said
+            t0, n = time.monotonic(), 0
         sent, ends = {}, {}
 
         async def reader(ws=ws, sent=sent, ends=ends):
@@ -276,7 +343,7 @@ async def speaker(url, model, headers, sentences, gap, t0, t_stop, rec: Record, 
 
 async def flooder(url, model, headers, sentences, t_stop, rec: Record, rng) -> None:
     """As fast as served: a whole sentence, wait for its translation, the next."""
-    ws = await _open(url, model, headers, rec)
+    ws, _ = await _open(url, model, headers, rec, t_stop)
     if ws is None:
         return
     while time.monotonic() < t_stop:
@@ -429,6 +496,35 @@ def busy_warning(what: str, r: dict) -> str | None:
 
 
 # ---------------------------------------------------------------- phases
+async def watch_health(base: str, model: str, t_stop: float) -> dict:
+    """Poll /health once a second until t_stop: the slowest answer, failures, the most streams open and the
+    model's last headroom estimate (a load balancer reads the same)."""
+    import httpx
+    out = {"health_polls": 0, "health_failures": 0, "health_max_ms": 0.0, "open_max": 0, "estimate": None}
+    async with httpx.AsyncClient(timeout=10) as client:
+        while time.monotonic() < t_stop:
+            t = time.monotonic()
+            try:
+                r = await client.get(base + "/health")
+                body = r.json() if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                body = None
+            out["health_polls"] += 1
+            out["health_max_ms"] = max(out["health_max_ms"], 1000 * (time.monotonic() - t))
+            if body is None:
+                out["health_failures"] += 1
+            else:
+                out["open_max"] = max(out["open_max"], body.get("active_streams", 0))
+                out["estimate"] = body.get("headroom", {}).get("models", {}).get(model, out["estimate"])
+            await asyncio.sleep(max(0.0, t + 1.0 - time.monotonic()))
+    return out
+
+
+def admission_figures(rec: Record) -> dict:
+    return {"admitted": rec.admitted, "refused": rec.refused, "admitted_after_waiting": len(rec.waits),
+            "still_waiting": rec.waiting, "waited_p50_s": pct(rec.waits, 50), "waited_max_s": max(rec.waits, default=float("nan"))}
+
+
 async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None = None) -> dict:
     gap, rng = 60.0 / args.wpm, random.Random(args.seed + n)
     before = scrape(base)
@@ -436,8 +532,10 @@ async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None 
     t0 = time.monotonic() + 1.0
     t_stop, warm = t0 + args.level_seconds, t0 + min(5.0, args.level_seconds / 4)
     job = {"kind": "speak", "url": args.url, "model": args.model, "headers": headers, "gap": gap, "t_stop": t_stop,
-           "churn": 0, "specs": [(t0 + offset, seed) for offset, seed in starts]}
+           "churn": args.churn, "specs": [(t0 + offset, seed) for offset, seed in starts]}
+    health = asyncio.ensure_future(watch_health(base, args.model, t_stop))
     rec, cpu = await run_clients(job, sentences, pool, t0)
+    health = await health
     after, wall = scrape(base), time.monotonic() - t0
     kept = [(a * 1000, tail) for t, a, tail in rec.added if warm <= t <= t_stop]
     added = [a for a, _ in kept]
@@ -452,7 +550,7 @@ async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None 
             "queue_p99_ms": 1000 * histogram_quantile(before, after, "simulserve_queue_seconds", args.model, 0.99),
             # the executor's share of the level's wall time spent in steps: near 100 %, it is the bottleneck
             "step_busy": ss / args.level_seconds, "steps": sc,
-            **client_figures(rec, cpu), "errors": dict(rec.errors),
+            **client_figures(rec, cpu), **admission_figures(rec), **health, "errors": dict(rec.errors),
             "real_time": (p99 if args.real_time_on == "all" else live_p99) <= args.max_p99_ms
             and not rec.errors}
 
@@ -510,11 +608,64 @@ def load_sentences(args) -> list[list[str]]:
     return out or [s.split() for s in FALLBACK]
 
 
+def print_level_header() -> None:
+    print("(with admission by headroom the delays are those of the admitted streams' words)")
+    print("| streams | admitted | refused | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms "
+          "| after-end p99 ms | server lag p99 ms | queueing p99 ms | mean batch | mean step ms | stepping "
+          "| busiest client CPU | real time |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+
+
+def print_level(r: dict) -> None:
+    print(f"| {r['streams']} | {r['admitted']} | {r['refused']} | {r['words_in_per_s']:.0f} | "
+          f"{r['words_out_per_s']:.0f} | {r['p50_ms']:.1f} | "
+          f"{r['p99_ms']:.1f} | {r['live_p99_ms']:.1f} | {r['tail_p99_ms']:.1f} | "
+          f"{r['server_lag_p99_ms']:.1f} | {r['queue_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+          f"{r['mean_step_ms']:.1f} | {100 * r['step_busy']:.0f}% | "
+          f"{100 * r['client_cpu']:.0f}% | {'yes' if r['real_time'] else 'no'}"
+          + (f" {r['errors']}" if r["errors"] else "") + " |", flush=True)
+
+
+async def overload(args, base, headers, sentences, out, pool) -> None:
+    """Levels far past capacity, every one run: who got in, the delays of their words, who waited."""
+    which = "" if args.real_time_on == "all" else " of live words"
+    print(f"\noverload ({args.level_seconds:g} s per level, every level run; real time = p99 added delay{which} of "
+          f"the admitted streams ≤ {args.max_p99_ms:g} ms, and no error but server_busy)")
+    print_level_header()
+    out["overload"], warnings = [], []
+    for n in (int(x) for x in args.overload.split(",")):
+        r = await ramp_level(args, n, sentences, headers, base, pool)
+        out["overload"].append(r)
+        warnings.append(busy_warning(f"overload, {n} speakers", r))
+        print_level(r)
+    print_admission(out["overload"])
+    warnings = [w for w in warnings if w]
+    if warnings:
+        print("\n" + "\n".join(warnings))
+
+
+def print_admission(rows: list[dict]) -> None:
+    """Per level: who got in, who waited and how long, and what /health said meanwhile."""
+    print("\nadmission by headroom (refused speakers try again after the server's retry_after)")
+    print("| streams | admitted | refused (answers) | admitted after waiting | still waiting at the end "
+          "| waited p50 / max s | most streams open | last estimate: capacity / live / p99 ms | /health polls "
+          "/ failures / slowest ms |")
+    print("|---:|---:|---:|---:|---:|---|---:|---|---|")
+    for r in rows:
+        e = r.get("estimate") or {}
+        p99 = e.get("p99_ms")
+        print(f"| {r['streams']} | {r['admitted']} | {r['refused']} | {r['admitted_after_waiting']} | "
+              f"{r['still_waiting']} | {r['waited_p50_s']:.1f} / {r['waited_max_s']:.1f} | {r['open_max']} | "
+              f"{e.get('capacity', '?')} / {e.get('live', '?')} / {'—' if p99 is None else f'{p99:.0f}'} | "
+              f"{r['health_polls']} / {r['health_failures']} / {r['health_max_ms']:.0f} |")
+
+
 # ---------------------------------------------------------------- the command
 def run_server_bench(args) -> int:
     from models.errors import UserError
     proc = None
-    given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype), ("--step", args.step)) if v]
+    given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype), ("--step", args.step),
+                            ("--workers", args.workers)) if v]
     if args.baseline_url and not args.url:
         raise UserError("--baseline-url compares with --url: give both")
     if args.url and given:   # they set up the server this command starts; a running one has its own
@@ -550,7 +701,7 @@ async def _main(args, base) -> int:
     print(f"server CPU: {model.get('cpu', '?')}; step form {form.get('name', '?')}"
           + (f" ({form['choice']['reason']})" if form.get("choice") else ""))
     pool = None
-    if args.client_procs > 1 and {"ramp", "throughput", "soak"} - skip:
+    if args.client_procs > 1 and ({"ramp", "throughput", "soak"} - skip or args.overload):
         print(f"clients: spread over {args.client_procs} client processes", flush=True)
         pool = ClientPool(args.client_procs, sentences)
     try:
@@ -569,10 +720,7 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
         which = "" if args.real_time_on == "all" else " of live words"
         print(f"\nreal-time ramp ({args.level_seconds:g} s per level; real time = p99 added delay{which} ≤ "
               f"{args.max_p99_ms:g} ms)")
-        print("| streams | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms | after-end p99 ms "
-              "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | stepping | busiest client CPU "
-              "| real time |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+        print_level_header()
         out["ramp"], baseline, warnings = [], [], []
         for n in (int(x) for x in args.levels.split(",")):
             r = await ramp_level(args, n, sentences, headers, base, pool)
@@ -584,15 +732,11 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
                 baseline.append((r, await ramp_level(other, n, sentences, headers, http_base(args.baseline_url),
                                                      pool)))
                 warnings.append(busy_warning(f"{speakers} on --baseline-url", baseline[-1][1]))
-            print(f"| {n} | {r['words_in_per_s']:.0f} | {r['words_out_per_s']:.0f} | {r['p50_ms']:.1f} | "
-                  f"{r['p99_ms']:.1f} | {r['live_p99_ms']:.1f} | {r['tail_p99_ms']:.1f} | "
-                  f"{r['server_lag_p99_ms']:.1f} | {r['queue_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
-                  f"{r['mean_step_ms']:.1f} | {100 * r['step_busy']:.0f}% | "
-                  f"{100 * r['client_cpu']:.0f}% | {'yes' if r['real_time'] else 'no'}"
-                  + (f" {r['errors']}" if r["errors"] else "") + " |", flush=True)
+            print_level(r)
             if not r["real_time"]:
                 break
-            best = n
+            if not r["refused"]:   # every speaker in: n streams in real time (else n offered, fewer admitted)
+                best = n
         if pool is not None:   # each client process's CPU share, level by level
             print(f"\nclient processes' CPU (CPU s / wall s of each; warning above {CLIENT_BUSY:.0%})")
             print("| streams | " + " | ".join(f"proc {i + 1}" for i in range(pool.n)) + " |")
@@ -600,11 +744,15 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
             for r in out["ramp"]:
                 cells = ("idle" if c is None else f"{100 * c:.0f}%" for c in r["client_procs_cpu"])
                 print(f"| {r['streams']} | " + " | ".join(cells) + " |")
+        if any(r["refused"] for r in out["ramp"]):
+            print_admission(out["ramp"])
         warnings = [w for w in warnings if w]
         if warnings:   # after a blank line: a line right below a table would read as one of its rows
             print("\n" + "\n".join(warnings))
         out["max_real_time_streams"] = best
-        print(f"\nmost concurrent real-time streams: {best}")
+        print(f"\nmost concurrent real-time streams: {best}"
+              + (" (levels with refused speakers do not count; --no-admission measures the raw capacity)"
+                 if any(r["refused"] for r in out["ramp"]) else ""))
         if baseline:
             print(f"\n--url against --baseline-url ({args.baseline_url}), same levels; added delay of a word, ms")
             print("| streams | p50 url | p50 baseline | p50 difference | p99 url | p99 baseline | p99 difference |")
@@ -615,6 +763,8 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
                 print(f"| {r['streams']} | {r['p50_ms']:.1f} | {b['p50_ms']:.1f} | {r['p50_ms'] - b['p50_ms']:+.1f} | "
                       f"{r['p99_ms']:.1f} | {b['p99_ms']:.1f} | {r['p99_ms'] - b['p99_ms']:+.1f} |"
                       + (f" baseline errors {b['errors']}" if b["errors"] else ""), flush=True)
+    if args.overload and "overload" not in skip:
+        await overload(args, base, headers, sentences, out, pool)
     if "throughput" not in skip:
         if not args.unbatched_model:
             print("\n(throughput comparison skipped: pass --unbatched-model for a --url server)")

@@ -31,10 +31,21 @@ FLAGS = {
     "--boundary-model": ("boundary_model", {"help": "the sentence-boundary classifier of auto_segment "
                                                     "'boundary' (default: the shipped German one)"}),
     "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
+    "--workers": ("workers", {"type": int, "help": "front-end processes (websockets, JSON, limits) beside one "
+                                                   "engine process that steps the models (default 1: one "
+                                                   "process; docs/server.md)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
-    "--max-streams": ("max_streams", {"type": int, "help": "concurrent streams (default 512)"}),
+    "--max-streams": ("max_streams", {"type": int, "help": "concurrent streams, the hard ceiling (default 512)"}),
+    "--delay-budget-ms": ("delay_budget_ms", {"type": float, "help": "admission by headroom keeps the p99 added "
+                                                                     "delay of every word within this (default "
+                                                                     "100)"}),
+    "--admission-quiet-s": ("admission_quiet_s", {"type": float, "help": "a stream without input this long holds "
+                                                                         "no share of the headroom (default 10)"}),
+    "--admission-retry-max-s": ("admission_retry_max_s", {"type": float, "help": "the longest retry_after a "
+                                                                                 "refused client is told to wait "
+                                                                                 "(default 30)"}),
     "--max-message-bytes": ("max_message_bytes", {"type": int}),
     "--max-words-per-sentence": ("max_words_per_sentence", {"type": int}),
     "--max-backlog-words": ("max_backlog_words", {"type": int}),
@@ -130,6 +141,9 @@ def register(sub) -> None:
     for flag, (_, help_) in LIST_FLAGS.items():
         p.add_argument(flag, action="append", default=None, help=help_)
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up sentence per model")
+    p.add_argument("--no-admission", action="store_true", help="admit every stream up to --max-streams (the "
+                                                               "headroom is still reported; default: refuse a "
+                                                               "stream beyond it with server_busy)")
     r = p.add_argument_group("Ray Serve (--ray; needs the [ray] extra; docs/scaling.md)")
     r.add_argument("--ray", action="store_true", help="serve as a Ray Serve deployment: replicas of this app "
                                                       "behind Ray's proxy on --host:--port")
@@ -158,6 +172,8 @@ def settings_from_args(args):
         overrides["models"] = parse_model_args(args.models)
     if args.no_warmup:
         overrides["warmup"] = False
+    if args.no_admission:
+        overrides["admission"] = False
     return load_settings(args.config, **overrides)
 
 
@@ -171,17 +187,28 @@ def run(args) -> int:
         return run_ray(args)
     try:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
-        from server.app import create_app
-        from server.guard import uvicorn_config
-        app = create_app(settings)
+        if settings.workers > 1:   # one engine process and N front ends (server/workers.py)
+            from server.settings import resolve_models
+            served = list(resolve_models(settings))   # a bad checkpoint is reported here, once
+        else:
+            from server.app import create_app
+            from server.guard import uvicorn_config
+            app = create_app(settings)
+            served = list(app.state.server.checkpoints)
     except (SettingsError, ValueError) as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
         return 2
     if settings.torch_threads is None:  # leave a core to the event loop (websockets, JSON)
         settings.torch_threads = max(1, (os.cpu_count() or 2) - 1)
+    if settings.workers > 1:
+        scheme = "wss" if settings.ssl_certfile else "ws"
+        print(f"simulserve: serving {', '.join(served)} on {scheme}://{settings.host}:{settings.port}/v1/stream "
+              f"({settings.workers} front-end processes, one engine process)", file=sys.stderr, flush=True)
+        from server.workers import serve_workers
+        return serve_workers(settings)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scheme = "wss" if settings.ssl_certfile else "ws"
-    print(f"simulserve: serving {', '.join(app.state.server.checkpoints)} on "
+    print(f"simulserve: serving {', '.join(served)} on "
           f"{scheme}://{settings.host}:{settings.port}/v1/stream", file=sys.stderr, flush=True)
     import uvicorn
     uvicorn.Server(uvicorn_config(app, settings, host=settings.host, port=settings.port,

@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -33,6 +34,7 @@ from models.metrics.latency import sentence_scores
 from models.policies import Policy, make_policy, policy_class
 from models.step import StreamingDecoder
 from models.stream import StreamError, StreamState, TargetWord
+from server.admission import Admission, Headroom
 from server.protocol import error as _error
 
 log = logging.getLogger("simulserve.engine")
@@ -92,12 +94,19 @@ class StreamHandle:
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,
                  batch_window_ms: float = 2.0, max_k: int = 32, max_delta: float = 16.0,
-                 max_output_messages: int = 20000):
+                 max_output_messages: int = 20000, admission: Admission | None = None, capacity: int = 512):
         self.name, self.dec, self.cfg, self.tok = name, decoder, decoder.cfg, decoder.tok
+        self.capacity = capacity        # streams the `graphs` form's fixed cache pool holds (max_streams)
+        self.capture: dict | None = None   # what capturing the `graphs` form took
+        self.admission = admission or Admission()   # headroom, and who may start
+        self._job_end = 0.0
         self.metrics = metrics
         self.max_batch, self.window = max_batch, batch_window_ms / 1000
         self.max_k, self.max_delta, self.max_output = max_k, max_delta, max_output_messages
         self.handles: dict[int, StreamHandle] = {}
+        # the streams that may have something to do (new input, or a policy that was not waiting after its
+        # last step): a job looks at these only, not at every open stream (host work ∝ what changed)
+        self._runnable: dict[int, StreamHandle] = {}
         self._detached: deque[StreamHandle] = deque()   # loop appends, engine thread closes their states
         self._calls: deque[tuple[Callable, Future]] = deque()   # work for the engine thread (`call`)
         self._wake = threading.Event()
@@ -115,6 +124,7 @@ class ModelEngine:
                 "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
                 "settings": knobs, "max_positions": c.max_positions, "device": str(self.dec.device),
                 "dtype": str(self.dec.dtype).removeprefix("torch."), "step_form": self.dec.describe_form(),
+                **({"graphs": self.capture} if self.capture else {}),
                 "cpu": cpu_summary()["line"],
                 "decoding": dataclasses.asdict(self.dec.options),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},
@@ -133,6 +143,7 @@ class ModelEngine:
     def attach(self, policy: Policy, out: asyncio.Queue, kill=None) -> StreamHandle:
         h = StreamHandle(policy, out, kill)
         self.handles[h.id] = h
+        self.admission.admitted(h.id)
         self.metrics.model_streams.labels(self.name).inc()
         return h
 
@@ -153,6 +164,7 @@ class ModelEngine:
     def _wake_for(self, h: StreamHandle) -> None:
         if h.ready_since is None:
             h.ready_since = time.monotonic()
+        self._runnable[h.id] = h   # after the command is queued: the engine pops, then looks (see _ready)
         self._wake.set()
 
     def detach(self, h: StreamHandle) -> None:
@@ -162,6 +174,7 @@ class ModelEngine:
             return
         h.closed = True
         self.handles.pop(h.id, None)
+        self.admission.released(h.id)
         self.metrics.model_streams.labels(self.name).dec()
         self._detached.append(h)
         self._wake.set()
@@ -194,8 +207,30 @@ class ModelEngine:
         self.call(run).result()
 
     async def start(self) -> None:
+        """Start the stepping thread; with the `graphs` form, capture the decoder's CUDA graphs on it (the
+        thread that replays them) before the model serves: the server reports ready only after."""
         self._loop = asyncio.get_running_loop()
         self._ensure_thread()
+        if self.dec.form.graphs and self.dec.graphs is None:
+            self.capture = await asyncio.wrap_future(
+                self.call(lambda: self.dec.capture_graphs(self.capacity, self.max_batch)))
+            c = self.capture
+            log.info("model %s: %d %s captured in %.2f s, %.0f MiB of device memory (batches %s, cache lengths %s)",
+                     self.name, c["graphs"], "CUDA graphs" if c["replayed"] else "fixed shapes (no CUDA: eager)",
+                     c["seconds"], c["bytes"] / 2**20, c["batch_sizes"], c["lengths"])
+        else:   # the CPU: room for every stream up front, so that no newcomer stalls the others (cache_pool.py)
+            slots = await asyncio.wrap_future(self.call(lambda: self.dec.pool.reserve(self._reserve_slots())))
+            if slots:
+                log.info("model %s: cache room reserved for %d streams (%.0f MiB of address space, backed as "
+                         "streams write)", self.name, slots, slots * self.dec.pool.bytes_per_slot() / 2**20)
+
+    def _reserve_slots(self) -> int:
+        """max_streams, plus the static forms' scratch slot, within half the machine's memory."""
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return 0
+        return min(self.capacity + 1, memory // 2 // max(self.dec.pool.bytes_per_slot(), 1))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -207,24 +242,31 @@ class ModelEngine:
         """Give back cache slots that stayed unused since the last call (on the engine thread: only it
         touches the pool)."""
         given = await asyncio.wrap_future(self.call(self.dec.pool.shrink))
-        self.metrics.cache_capacity.labels(self.name).set(self.dec.pool.capacity)
+        self.metrics.cache_capacity.labels(self.name).set(self.dec.pool.committed)
         if given:
             log.info("model %s: %d idle cache slots given back (%d left)", self.name, given,
-                     self.dec.pool.capacity)
+                     self.dec.pool.committed)
 
     # ---- the stepping loop (engine thread) ---------------------------------------------
     def _ready(self) -> list[StreamHandle]:
+        """The runnable streams that can make progress; the others leave the runnable set until a command
+        (or a step that leaves them able to move on) puts them back. Each is popped before it is looked at,
+        so a command queued meanwhile is either seen now or puts the stream back: no wake-up is lost."""
         out = []
-        for h in list(self.handles.values()):   # (one C-level copy: handlers may attach meanwhile)
+        for h in list(self._runnable.values()):   # (one C-level copy: handlers may add meanwhile)
+            self._runnable.pop(h.id, None)
+            if h.closed:
+                continue
             s = h.state
             if s is None or s.done:    # (done early: the model wrote EOS before the source ended)
-                if h.commands:
-                    out.append(h)
+                ready = bool(h.commands)
             elif s.end_received:       # the sentence is complete: step it to the end
-                if not s.blocked:
-                    out.append(h)
-            elif h.commands or not s.blocked:
+                ready = not s.blocked
+            else:
+                ready = bool(h.commands) or not s.blocked
+            if ready:
                 out.append(h)
+                self._runnable[h.id] = h
         return out
 
     def _housekeeping(self) -> None:
@@ -284,6 +326,7 @@ class ModelEngine:
             h.ready_since = None
         events, step = self._execute(ready)
         self._account(ready, step)
+        self._measure_load(step, events, now if idle else self._job_end)
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._deliver, ready, events)
         # give the interpreter to the event loop if it waits for it (it reads the websockets that feed
@@ -305,7 +348,39 @@ class ModelEngine:
             if h.commands or (s is not None and not s.blocked and not s.done):
                 h.ready_since = now   # it can move on: it queues from here
         m.cache_slots.labels(name).set(self.dec.streams_in_cache)
-        m.cache_capacity.labels(name).set(self.dec.pool.capacity)
+        m.cache_capacity.labels(name).set(self.dec.pool.committed)
+
+    def _measure_load(self, step: tuple[int, float] | None, events: dict, since: float) -> None:
+        """The headroom estimate's inputs (engine thread): the job's rows, its cycle (from the end of the job
+        before it when they ran back to back, else from its own start), its words' lags."""
+        end = time.monotonic()
+        lags = [ev["lag_ms"] for evs in events.values() for ev in evs if ev["type"] == "word"]
+        self.admission.job(step[0] if step else 0, end - since, lags)
+        self._job_end = end
+
+    # ---- admission (event loop; server/admission.py) --------------------------------------------
+    def admit(self) -> dict | None:
+        """Whether a new stream may start (before `attach`): None, or the `server_busy` error to send it.
+        Streams already admitted are never dropped or slowed for it."""
+        wait = self.admission.admit()
+        if wait is None:
+            return None
+        e = self.admission.estimate
+        why = (f"its recent p99 delay, {e.p99_ms:.0f} ms, is over" if e.state == "over_budget"
+               else f"it keeps {e.capacity} live streams within")
+        return _error("server_busy", f"model {self.name} is at its real-time capacity ({why} the "
+                      f"{e.delay_budget_ms:g} ms budget); try again in {wait:g} s", retry_after=wait)
+
+    def refresh_load(self) -> Headroom:
+        """Recompute the headroom from the latest measurements and export it (event loop, a few times a
+        second)."""
+        e = self.admission.refresh([(h.id, h.received) for h in list(self.handles.values())])
+        m, name = self.metrics, self.name
+        m.headroom_streams.labels(name).set(e.streams)
+        m.capacity_streams.labels(name).set(e.capacity)
+        m.live_streams.labels(name).set(e.live)
+        m.recent_delay_p99.labels(name).set(-1 if e.p99_ms is None else e.p99_ms / 1000)
+        return e
 
     # ---- routing (event loop) -------------------------------------------------------------
     def _deliver(self, batch: list[StreamHandle], events: dict) -> None:

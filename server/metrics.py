@@ -27,7 +27,7 @@ class Metrics:
         self.model_streams = Gauge("simulserve_model_streams", "started streams per model", ["model"], registry=r)
         self.cache_slots = Gauge("simulserve_cache_slots_in_use", "stream cache slots in use", ["model"],
                                  registry=r)
-        self.cache_capacity = Gauge("simulserve_cache_slots_allocated", "stream cache slots allocated (in use or "
+        self.cache_capacity = Gauge("simulserve_cache_slots_allocated", "stream cache slots whose memory is held (in use or "
                                     "free; shrinks when they stay unused)", ["model"], registry=r)
         self.models_loaded = Gauge("simulserve_models_loaded", "models loaded and serving", registry=r)
         self.words_in = Counter("simulserve_source_words", "source words received", ["model"], registry=r)
@@ -45,6 +45,16 @@ class Metrics:
         self.word_lag_seconds = Histogram("simulserve_word_lag_seconds", "from the arrival of the input a target "
                                           "word needed to its emission (queueing + compute)", ["model"],
                                           buckets=_MS, registry=r)
+        # admission by headroom (server/admission.py), refreshed a few times a second
+        self.headroom_streams = Gauge("simulserve_headroom_streams", "more streams the model can take while its "
+                                      "p99 added delay stays within the budget (0: new streams get server_busy)",
+                                      ["model"], registry=r)
+        self.capacity_streams = Gauge("simulserve_capacity_streams", "live streams the model can keep within the "
+                                      "delay budget, as estimated from its measurements", ["model"], registry=r)
+        self.live_streams = Gauge("simulserve_live_streams", "streams holding a share of the capacity (input "
+                                  "lately, or just admitted)", ["model"], registry=r)
+        self.recent_delay_p99 = Gauge("simulserve_recent_delay_p99_seconds", "p99 word lag plus p99 event-loop "
+                                      "lateness over the last seconds (-1: too few words)", ["model"], registry=r)
         self.errors = Counter("simulserve_errors", "errors sent to clients, by code", ["code"], registry=r)
         self.refusals = Counter("simulserve_refusals", "connections refused or closed by a guard, by reason "
                                 "(ip_connections, ip_auth_failures, start_timeout, header_too_large, "

@@ -144,6 +144,7 @@ class Error(_Msg):
     fatal: bool = Field(description="the server closes the connection after a fatal error")
     id: MessageId = Field(None, description="the `id` of the client message that caused it, if it had one")
     rejected_words: int | None = Field(None, description="source words not accepted (message rejected whole)")
+    retry_after: float | None = Field(None, description="`server_busy`: seconds after which to try again")
 
 
 class Warning(_Msg):  # noqa: A001 - the protocol's name
@@ -184,6 +185,8 @@ ERRORS: dict[str, tuple[bool, int | None, str]] = {
                                            "auth_failure_window_s"),
     "origin_not_allowed": (True, 1008, "the Origin header is not in allowed_origins"),
     "server_full": (True, 1013, "max_streams streams are open; try again later"),
+    "server_busy": (True, 1013, "answer to `start`: the model is at the most streams it can keep within the "
+                                "delay budget; nothing was accepted, try again after `retry_after` seconds"),
     "not_ready": (True, 1013, "the models are still loading; try again shortly"),
     "slow_consumer": (True, 1008, "the client does not read the server's messages (replies, errors included, "
                                   "pile up)"),

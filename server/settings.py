@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, YamlConfigSettingsSource
 
 
@@ -26,6 +27,84 @@ REMOVED = {
     "tail_burst_ms": "removed: the tail burst measured worse than stepping tails with the others (CHANGELOG.md)",
     "continuations": "removed: extra steps per job measured worse than one step per job (CHANGELOG.md)",
 }
+
+
+# The settings in groups: what the code reads (`settings.limits.max_streams`), and how a YAML file may nest
+# them (`limits: {max_streams: 100}`). Flags and SIMULSERVE_* variables keep the flat names.
+@dataclass(frozen=True)
+class ServingSettings:
+    """What is served, and how its steps run."""
+    models: dict[str, str]
+    device: str
+    dtype: str
+    step: str
+    no_repeat_ngram: int
+    no_stutter: int | None
+    early_eos: str
+    boundary_model: str | None
+    torch_threads: int | None
+    warmup: bool
+    memory_trim_s: float
+
+
+@dataclass(frozen=True)
+class BatchingSettings:
+    batch_window_ms: float
+    max_batch: int
+    no_batching: list[str]
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """What one client, one connection or the whole server may use (docs/hardening.md)."""
+    max_streams: int
+    max_message_bytes: int
+    max_words_per_sentence: int
+    max_backlog_words: int
+    max_output_messages: int
+    idle_timeout_s: float
+    start_timeout_s: float
+    max_connections_per_ip: int
+    max_header_bytes: int
+    max_headers: int
+    request_head_timeout_s: float
+    rate_limit: float
+    rate_burst: int
+    max_k: int
+    max_delta: float
+
+
+@dataclass(frozen=True)
+class HeadroomSettings:
+    """Admission by measured headroom (server/admission.py)."""
+    admission: bool
+    delay_budget_ms: float
+    admission_quiet_s: float
+    admission_retry_max_s: float
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    api_keys: list[str]
+    allowed_origins: list[str]
+    max_auth_failures_per_ip: int
+    auth_failure_window_s: float
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    host: str
+    port: int
+    forwarded_allow_ips: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+    web_dir: str | None
+    log_level: str
+    workers: int
+
+
+GROUPS = {"serving": ServingSettings, "batching": BatchingSettings, "limits": LimitSettings,
+          "headroom": HeadroomSettings, "auth": AuthSettings, "transport": TransportSettings}
 
 
 class ServerSettings(BaseSettings):
@@ -56,6 +135,9 @@ class ServerSettings(BaseSettings):
                                                          "'boundary' (a `train-segmenter` directory; default: the "
                                                          "shipped German one)")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (`serve` default: CPUs - 1)")
+    workers: int = Field(1, ge=1, le=64, description="front-end processes (websockets, JSON, limits) beside one engine "
+                                                     "process that steps the models (1: everything in one process; "
+                                                     "docs/server.md#several-processes---workers-n)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
                                                                    "more streams to batch with")
@@ -66,7 +148,17 @@ class ServerSettings(BaseSettings):
     memory_trim_s: float = Field(60.0, ge=0, description="return freed heap memory to the OS this often "
                                                          "(glibc malloc_trim; 0 = never)")
     # limits
-    max_streams: int = Field(512, ge=1, description="concurrent websocket streams (then `server_full`)")
+    max_streams: int = Field(512, ge=1, description="concurrent websocket streams (then `server_full`): the hard "
+                                                   "ceiling above admission by headroom")
+    admission: bool = Field(True, description="admission by headroom: a stream beyond what a model can keep "
+                                              "within delay_budget_ms gets `server_busy` with retry_after at "
+                                              "`start` (off: only max_streams; the headroom is still reported)")
+    delay_budget_ms: float = Field(100.0, gt=0, le=60000, description="the real-time budget: p99 added delay of "
+                                                                      "every word that admission protects")
+    admission_quiet_s: float = Field(10.0, gt=0, description="a stream without input for this long holds no "
+                                                              "share of the headroom until it sends again")
+    admission_retry_max_s: float = Field(30.0, ge=0.1, le=3600, description="the longest retry_after a refused "
+                                                                             "client is told to wait")
     max_message_bytes: int = Field(16384, ge=64)
     max_words_per_sentence: int = Field(200, ge=1)
     max_backlog_words: int = Field(512, ge=1, description="source words received but not yet read, per stream")
@@ -140,6 +232,56 @@ class ServerSettings(BaseSettings):
             raise ValueError("an API key is empty (an unset shell variable?): an empty key would let clients "
                              "without a key in; remove it or give a real key")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten_groups(cls, data: Any):
+        """A settings file may nest settings under their group (`limits: {max_streams: 100}`)."""
+        if not isinstance(data, dict):
+            return data
+        # flat names first: a flag or SIMULSERVE_* variable (merged into the same dict) wins over a file's group
+        out = {key: value for key, value in data.items() if key not in GROUPS}
+        for key, value in data.items():
+            group = GROUPS.get(key)
+            if group is None:
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(f"{key}: a group of settings takes a mapping, got {value!r}")
+            names = {f.name for f in fields(group)}
+            for name, v in value.items():
+                if name not in names:
+                    raise ValueError(f"{key}.{name}: no such setting in {key} (it has {', '.join(sorted(names))})")
+                out.setdefault(name, v)
+        return out
+
+    def group(self, name: str):
+        """The settings of one group (GROUPS) as a frozen dataclass."""
+        cls = GROUPS[name]
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+
+    @property
+    def serving(self) -> ServingSettings:
+        return self.group("serving")
+
+    @property
+    def batching(self) -> BatchingSettings:
+        return self.group("batching")
+
+    @property
+    def limits(self) -> LimitSettings:
+        return self.group("limits")
+
+    @property
+    def headroom(self) -> HeadroomSettings:
+        return self.group("headroom")
+
+    @property
+    def auth(self) -> AuthSettings:
+        return self.group("auth")
+
+    @property
+    def transport(self) -> TransportSettings:
+        return self.group("transport")
 
     def origin_allowed(self, origin: str | None) -> bool:
         """Non-browser clients send no Origin header and are always allowed."""

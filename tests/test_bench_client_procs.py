@@ -26,9 +26,9 @@ from models.data.synthetic import make_pairs
 from server.bench import CLIENT_BUSY, Record, busy_warning, client_figures, split_specs
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADER = ("| streams | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms | after-end p99 ms "
-          "| server lag p99 ms | queueing p99 ms | mean batch | mean step ms | stepping | busiest client CPU "
-          "| real time |")
+HEADER = ("| streams | admitted | refused | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms "
+          "| after-end p99 ms | server lag p99 ms | queueing p99 ms | mean batch | mean step ms | stepping "
+          "| busiest client CPU | real time |")
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,9 @@ def test_speakers_spread_over_client_processes_lose_no_word(tiny_checkpoint, tmp
     head = lines.index(HEADER)
     rows = lines[head + 2:head + 4]
     assert [row.split("|")[1].strip() for row in rows if row.startswith("|")] == ["1", "4"], r.stdout
-    for row in rows:   # the busiest process's CPU share, in %
-        assert row.split("|")[13].strip().endswith("%"), row
+    for row in rows:   # every speaker admitted (this server admits all); the busiest process's CPU share, in %
+        assert row.split("|")[2].strip() == row.split("|")[1].strip() and row.split("|")[3].strip() == "0", row
+        assert row.split("|")[15].strip().endswith("%"), row
     per_proc = lines.index("| streams | proc 1 | proc 2 |")   # each process's CPU, level by level
     assert lines[per_proc + 2].split("|")[3].strip() == "idle"
     assert lines[per_proc + 3].split("|")[2].strip().endswith("%")
@@ -122,11 +123,13 @@ def test_speakers_are_dealt_evenly_and_records_merge_word_by_word():
     a.added, a.lag_ms, a.words_in, a.words_out, a.sentences = [(1.0, 0.01, False)], [5.0], 3, 1, 1
     b.added, b.lag_ms, b.words_in, b.words_out, b.sentences = [(2.0, 0.2, True), (2.5, 0.3, True)], [7.0, 8.0], 4, 2, 1
     b.errors["timeout"] += 1
+    a.admitted, a.refused, a.waits, b.admitted, b.refused, b.waits, b.waiting = 2, 1, [1.5], 3, 4, [2.0, 7.0], 1
     merged = Record()
     merged.merge(a)
     merged.merge(b)
     assert merged.added == a.added + b.added and merged.lag_ms == [5.0, 7.0, 8.0]   # every word, not summaries
     assert (merged.words_in, merged.words_out, merged.sentences, dict(merged.errors)) == (7, 3, 2, {"timeout": 1})
+    assert (merged.admitted, merged.refused, merged.waits, merged.waiting) == (5, 5, [1.5, 2.0, 7.0], 1)
     fig = client_figures(merged, [0.3, None, 0.95])
     assert (fig["client_cpu"], fig["client_busiest_proc"], fig["client_busy"]) == (0.95, 3, True)
     assert busy_warning("400 speakers", fig) == (

@@ -35,14 +35,14 @@ pytestmark = pytest.mark.browser
 class ServerProcess:
     """`simulserve serve` in a subprocess; stop() and start() again on the same port."""
 
-    def __init__(self, models: dict[str, Path], log: Path):
+    def __init__(self, models: dict[str, Path], log: Path, extra: tuple[str, ...] = ()):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [sys.executable, "-m", "clients.cli", "serve", *(f"{n}={p}" for n, p in models.items()),
                     "--host", "127.0.0.1", "--port", str(self.port), "--api-key", KEY, "--torch-threads", "1",
-                    "--no-warmup", "--log-level", "warning"]
+                    "--no-warmup", "--log-level", "warning", *extra]
         self.log = log
         self.proc = None
 
@@ -223,6 +223,54 @@ def test_disconnect_is_shown_then_reconnect(page, server):
         assert wait_done(page, pane, 1).locator(".translation").inner_text() == "haus baum licht"
         assert page.locator(f"#pane-{pane} .alert").is_hidden()
     assert page.locator("#pane-a li.sentence.interrupted").count() == 0   # sentence 0 had finished
+
+
+@pytest.fixture(scope="module")
+def busy_server(trained, tmp_path_factory):
+    """A delay budget no stream meets: admission by headroom keeps one stream at a time."""
+    srv = ServerProcess({"gma": trained["gma"]}, tmp_path_factory.mktemp("busy_server") / "server.log",
+                        extra=("--delay-budget-ms", "0.001", "--admission-retry-max-s", "2"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_server_busy_is_shown_then_retried_after_retry_after(browser, busy_server):
+    from websockets.sync.client import connect
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    with connect(busy_server.url.replace("http", "ws") + "/v1/stream",
+                 additional_headers={"Authorization": f"Bearer {KEY}"}) as holder:
+        # one stream translates a sentence (the engine measures it) and stays: the budget allows no other
+        holder.send(json.dumps({"type": "start", "model": "gma"}))
+        assert json.loads(holder.recv())["type"] == "ready"
+        holder.send(json.dumps({"type": "words", "words": ["haus", "baum"]}))
+        holder.send(json.dumps({"type": "end_sentence"}))
+        while json.loads(holder.recv())["type"] != "sentence":
+            pass
+        deadline = time.monotonic() + 10
+        while httpx.get(busy_server.url + "/health").json()["headroom"]["models"]["gma"]["state"] == "cold":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        page.goto(busy_server.url + "/?compare=0")
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+        page.wait_for_selector("#pane-a[data-error=server_busy]")
+        alert = page.inner_text("#pane-a .alert")
+        assert "real-time capacity" in alert and "Reconnecting in" in alert
+        assert page.inner_text("#pane-a .status") == "server busy"
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "caption_page_busy.png"), full_page=True)
+    try:   # the share is free: the page gets in by itself, after the server's retry_after
+        page.wait_for_selector("#pane-a .status[data-state=ready]")
+        say(page, "haus baum licht")
+        assert wait_done(page, "a", 0).locator(".translation").inner_text() == "haus baum licht"
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
 
 
 @pytest.fixture(scope="module")

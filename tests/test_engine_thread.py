@@ -60,3 +60,29 @@ def test_only_the_engine_thread_touches_the_decoder(trained, trained_decoders):
     for (received, code), d in zip(results, (0.5, 1.0, 2.0)):
         assert code == 1000
         assert_matches(received, [simulate(dec, [s], batch_size=1, delta=d)[0] for s in SENTENCES[:3]], f"δ {d}")
+
+
+def test_a_job_looks_only_at_streams_that_may_move(trained, trained_decoders):
+    """Idle open streams leave the runnable set and are not looked at by the next jobs; a stream that gets
+    words comes back (no wake-up lost), and each stream still writes what it writes alone."""
+    with LiveServer(models={"gma": str(trained["gma"])}, rate_limit=10000, rate_burst=10000) as srv:
+        engine = srv.app.state.server.engines["gma"]
+
+        async def main():
+            idle = [await connect(srv.url) for _ in range(6)]
+            for ws in idle:                        # started, no words: nothing for the engine to do
+                await ws.send(json.dumps({"type": "start", "model": "gma"}))
+                assert json.loads(await ws.recv())["type"] == "ready"
+            await asyncio.sleep(0.2)
+            looked_at_while_idle = len(engine._runnable)
+            busy = await talk(srv.url, [{"type": "start", "model": "gma"}] + sentence_messages(SENTENCES[:2])
+                              + [{"type": "end_stream"}], timeout=60)
+            runnable_after = set(engine._runnable)
+            for ws in idle:
+                await ws.close()
+            return looked_at_while_idle, busy, runnable_after, {h for h in engine.handles}
+        idle_runnable, (received, code), runnable_after, handles = asyncio.run(main())
+    assert code == 1000
+    assert idle_runnable == 0          # six open streams, none of them in the set a job scans
+    assert len(runnable_after) <= 1    # the finished stream at most, until the next job drops it
+    assert_matches(received, simulate(trained_decoders["gma"], SENTENCES[:2]))

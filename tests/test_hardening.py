@@ -488,5 +488,5 @@ def test_the_server_gives_idle_cache_slots_back(trained):
                 await ws.close()
             return grown
 
-        assert asyncio.run(main()) >= 32
+        assert asyncio.run(main()) >= 20     # the slots handed out (a reserved pool commits no more)
         assert srv.wait_metric("simulserve_cache_slots_allocated", 4, model="gma") == 4

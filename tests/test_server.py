@@ -40,6 +40,9 @@ class LiveServer:
         # float32 unless a test asks for another form: the tests compare with float32 decoders
         # (the server's own default, int8 on the CPU, has tests of its own: test_int8.py)
         settings.setdefault("step", "default")
+        # these tests open many streams at once on a cold server: admission by headroom, which would refuse
+        # most of them (as it should), has tests of its own (test_admission.py)
+        settings.setdefault("admission", False)
         self.settings = load_settings(**settings)
         self.app = create_app(self.settings)
         self.sock = socket.socket()

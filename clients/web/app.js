@@ -17,6 +17,7 @@
   // error code (server/protocol.py ERRORS) -> what the user should know
   const ERROR_TEXT = {
     server_full: "The server is full: all its streams are in use.",
+    server_busy: "The server is at its real-time capacity: it keeps the streams it has in real time and takes new ones as others end.",
     not_ready: "The server is still loading its models.",
     unauthorized: "The server needs an API key, or this key is wrong. Enter the key above, then press Reconnect.",
     too_many_auth_failures: "Too many wrong API keys from this address: wait a minute, then press Reconnect.",
@@ -29,9 +30,9 @@
   };
   const CLOSE_TEXT = { 1000: "closed", 1001: "going away", 1006: "connection lost", 1011: "server error",
     1012: "server restarting", 1013: "try again later" };
-  const PLAIN = new Set(["server_full", "not_ready", "unauthorized", "origin_not_allowed", "too_many_auth_failures",
+  const PLAIN = new Set(["server_full", "server_busy", "not_ready", "unauthorized", "origin_not_allowed", "too_many_auth_failures",
     "too_many_connections"]);   // no detail needed
-  const AUTO_RETRY = new Set(["server_full", "not_ready", "internal_error", "disconnect"]);
+  const AUTO_RETRY = new Set(["server_full", "server_busy", "not_ready", "internal_error", "disconnect"]);
   const NEEDS_USER = new Set(["unauthorized", "origin_not_allowed", "bad_setting", "unknown_model",
     "too_many_auth_failures", "too_many_connections"]);
 
@@ -269,15 +270,15 @@
       this.interrupt();
       this.unsent += this.queue.splice(0).reduce((n, it) => n + it.words.length, 0);
       if (this.fatal) {
-        const { code, message } = this.fatal;
-        this.failed(code, ERROR_TEXT[code] || message, PLAIN.has(code) ? null : message);
+        const { code, message, retry_after: retryAfter } = this.fatal;
+        this.failed(code, ERROR_TEXT[code] || message, PLAIN.has(code) ? null : message, retryAfter);
       } else {
         const why = [CLOSE_TEXT[ev.code], ev.reason].filter(Boolean).join(": ");
         this.failed("disconnect", `Disconnected from the server (close code ${ev.code}${why ? `, ${why}` : ""}).`);
       }
     }
 
-    failed(code, text, detail) {
+    failed(code, text, detail, retryAfter) {   // retryAfter: seconds, when the server says when (server_busy)
       this.lastError = code;
       this.setStatus(code === "disconnect" ? "disconnected" : "error",
         code === "disconnect" ? "disconnected" : code.replace(/_/g, " "));
@@ -285,8 +286,12 @@
       this.failText = detail && detail !== text ? `${text} (${detail})` : text;
       this.retryLeft = 0;
       if (AUTO_RETRY.has(code)) {
-        this.retryLeft = Math.round(this.retryDelay / 1000);
-        this.retryDelay = Math.min(this.retryDelay * 2, 16000);
+        if (retryAfter > 0) {
+          this.retryLeft = Math.max(1, Math.ceil(retryAfter));
+        } else {
+          this.retryLeft = Math.round(this.retryDelay / 1000);
+          this.retryDelay = Math.min(this.retryDelay * 2, 16000);
+        }
         this.retryTimer = setInterval(() => {
           this.retryLeft -= 1;
           if (this.retryLeft > 0) this.renderFailure(); else this.connect();

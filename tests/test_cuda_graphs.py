@@ -1,0 +1,114 @@
+"""The `graphs` step form: the decoder step captured once at start-up for fixed shapes (models/cuda_graphs.py).
+
+On the CPU the same fixed shapes, pool and buffers run eagerly: these tests hold that plumbing to the plain
+step and check the capture rules. With CUDA the graphs are replayed and held to eager CUDA and to the CPU
+(skipped without a GPU; recipes/gpu/check.sh runs them)."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import torch
+
+from models.cache_pool import PoolFull
+from models.cuda_graphs import GraphShapeError
+from models.decoding import DecodingOptions
+from models.step import StreamingDecoder
+from models.step_form import StepFormError
+from models.translate import simulate
+from tests.conftest import POLICIES, random_decoder
+from tests.test_server import LiveServer, sentence_messages, talk
+
+SENTENCES = ["a b c d e f g", "b c d e f g h i j", "c d e", "a", "d d e f a b c g h", "e f", "g a b c d e"]
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def outputs(results):
+    return [(r.prediction, r.token_delays) for r in results]
+
+
+def graphed(dec: StreamingDecoder, capacity: int = 16, max_batch: int = 8, device=None) -> StreamingDecoder:
+    g = StreamingDecoder(dec.model.to(device) if device else dec.model, dec.tok, form="graphs")
+    g.capture_graphs(capacity, max_batch)
+    return g
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, one_torch_thread):
+    dec = random_decoder(piece_tok, policy, seed=7)
+    g = graphed(dec)
+    assert g.pool.fixed and g.graphs.sealed
+    for batch in (1, 3, 8):   # padded to 1, 4 and 8 rows
+        assert outputs(simulate(g, SENTENCES, batch_size=batch)) == outputs(simulate(dec, SENTENCES, batch_size=batch))
+    assert g.graphs.replays > 0   # the steps went through the captured shapes, not around them
+    assert g.streams_in_cache == 0
+
+
+def test_capture_happens_once_before_any_stream(word_tok):
+    dec = random_decoder(word_tok, "gma", seed=1)
+    with pytest.raises(StepFormError, match="captures no graphs"):
+        dec.capture_graphs(4, 4)
+    g = StreamingDecoder(dec.model, word_tok, form="graphs")
+    s = g.new_stream()
+    with pytest.raises(StepFormError, match="before any stream"):
+        g.capture_graphs(4, 4)
+    g.close(s)
+    g.capture_graphs(4, 4)
+    with pytest.raises(StepFormError, match="captured already"):
+        g.capture_graphs(4, 4)
+    banning = StreamingDecoder(dec.model, word_tok, form="graphs", options=DecodingOptions(no_repeat_ngram=2))
+    with pytest.raises(StepFormError, match="no_repeat_ngram"):
+        banning.capture_graphs(4, 4)
+
+
+def test_shapes_beyond_the_capture_are_a_clear_error_and_the_pool_is_fixed(word_tok):
+    g = graphed(random_decoder(word_tok, "waitk", seed=2), capacity=6, max_batch=2)
+    states = [g.new_stream(k=1) for _ in range(3)]
+    for s in states:
+        g.push(s, "a b c".split())
+    with pytest.raises(GraphShapeError, match="no graph for a batch of 4 rows"):
+        g.advance(states)   # (the first step READs without the decoder; the next one decodes)
+    for _ in range(3):
+        g.new_stream()
+    with pytest.raises(PoolFull):   # 6 streams hold every slot but the scratch one
+        g.new_stream()
+    assert g.pool.shrink() == 0 and g.pool.capacity == 7
+
+
+def test_server_captures_before_ready_and_streams_the_same(trained, one_torch_thread):
+    """A real server with --step graphs: /v1/models reports the capture, and a stream writes what the
+    default form writes for the same sentences."""
+    from tests.conftest import decoder_from
+    reference = outputs(simulate(decoder_from(trained["gma"]), SENTENCES))
+    with LiveServer(models={"gma": str(trained["gma"])}, step="graphs", max_streams=8, max_batch=4,
+                    rate_limit=10000, rate_burst=10000) as srv:
+        info = httpx.get(srv.http + "/v1/models").json()["models"][0]
+        assert info["step_form"]["graphs"] and info["graphs"]["batch_sizes"] == [1, 2, 4]
+        assert info["graphs"]["graphs"] == 3 * len(info["graphs"]["lengths"])
+        import asyncio
+        msgs = [{"type": "start", "model": "gma"}] + sentence_messages(SENTENCES) + [{"type": "end_stream"}]
+        received, code = asyncio.run(talk(srv.url, msgs))
+    assert code == 1000
+    got = [m["translation"] for m in received if m["type"] == "sentence"]
+    assert got == [p for p, _ in reference]
+
+
+@cuda
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cuda_graph_replay_equals_eager_and_cpu(piece_tok, policy):
+    """Graph replay = eager CUDA = CPU, batched = single stream; capture takes seconds, not minutes."""
+    cpu = random_decoder(piece_tok, policy, seed=7)
+    want = outputs(simulate(cpu, SENTENCES, batch_size=1))
+    assert outputs(simulate(cpu, SENTENCES, batch_size=8)) == want
+    model = cpu.model.to("cuda")
+    eager = StreamingDecoder(model, piece_tok, form="sync-free")
+    t0 = time.perf_counter()
+    g = StreamingDecoder(model, piece_tok, form="graphs")
+    stats = g.capture_graphs(16, 8)
+    assert stats["replayed"] and time.perf_counter() - t0 < 60
+    for batch in (1, 8):
+        assert outputs(simulate(eager, SENTENCES, batch_size=batch)) == want
+        assert outputs(simulate(g, SENTENCES, batch_size=batch)) == want
+    assert g.graphs.replays > 0
