@@ -68,40 +68,41 @@ class ServerState:
         self.boundary = None                # auto_segment 'boundary': the sentence-boundary classifier
         self.boundary_error = "not loaded yet"
         self.settled = asyncio.Event()      # loading finished, either way
-        self.ips = IpLimits(settings.max_connections_per_ip, settings.max_auth_failures_per_ip,
-                            settings.auth_failure_window_s)
+        self.ips = IpLimits(settings.limits.max_connections_per_ip, settings.auth.max_auth_failures_per_ip,
+                            settings.auth.auth_failure_window_s)
 
     async def load(self) -> None:
         from models.checkpoint import pick_device, pick_dtype
-        s = self.settings
+        serving, batching, limits, headroom = (self.settings.serving, self.settings.batching,
+                                               self.settings.limits, self.settings.headroom)
         try:
-            if s.torch_threads:
+            if serving.torch_threads:
                 import torch
-                torch.set_num_threads(s.torch_threads)
-            device = pick_device(s.device)
-            dtype = pick_dtype(s.dtype, device)
+                torch.set_num_threads(serving.torch_threads)
+            device = pick_device(serving.device)
+            dtype = pick_dtype(serving.dtype, device)
             for name, path in self.checkpoints.items():
                 # loading and packing the weights is model work: off the event loop
-                options = DecodingOptions(no_repeat_ngram=s.no_repeat_ngram, early_eos=s.early_eos,
-                                          no_stutter=s.no_stutter)
-                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, s.step, options)
+                options = DecodingOptions(no_repeat_ngram=serving.no_repeat_ngram, early_eos=serving.early_eos,
+                                          no_stutter=serving.no_stutter)
+                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, serving.step, options)
                 if decoder.choice is not None:
                     c = decoder.choice
                     log.info("model %s: step form %s chosen by %s on %s: %s\n%s", name, c.form,
                              "cached timing" if c.cached else "timing", c.cpu, c.reason, c.table())
                 eng = self.engine_class(name, decoder, metrics=self.metrics,
-                                  max_batch=1 if name in s.no_batching else s.max_batch,
-                                  batch_window_ms=s.batch_window_ms,
-                                  max_k=s.max_k, max_delta=s.max_delta,
-                                  max_output_messages=s.max_output_messages,
-                                  admission=Admission(delay_budget_ms=s.delay_budget_ms, quiet_s=s.admission_quiet_s,
-                                                      retry_max_s=s.admission_retry_max_s, enabled=s.admission),
-                                  capacity=s.max_streams)
+                                  max_batch=1 if name in batching.no_batching else batching.max_batch,
+                                  batch_window_ms=batching.batch_window_ms,
+                                  max_k=limits.max_k, max_delta=limits.max_delta,
+                                  max_output_messages=limits.max_output_messages,
+                                  admission=Admission(delay_budget_ms=headroom.delay_budget_ms, quiet_s=headroom.admission_quiet_s,
+                                                      retry_max_s=headroom.admission_retry_max_s, enabled=headroom.admission),
+                                  capacity=limits.max_streams)
                 await eng.start()   # (the graphs form captures here, before the warm-up and before ready)
-                if s.warmup:
+                if serving.warmup:
                     await asyncio.to_thread(eng.warmup)
                 self.engines[name] = eng
-                log.info("model %s loaded from %s (%s, %s, %s)", name, path, eng.cfg.policy, device, s.dtype)
+                log.info("model %s loaded from %s (%s, %s, %s)", name, path, eng.cfg.policy, device, serving.dtype)
         except Exception as e:  # noqa: BLE001 - reported by /health, the server stays up
             self.load_error = f"{type(e).__name__}: {e}"
             log.exception("loading the models failed")
@@ -109,7 +110,7 @@ class ServerState:
             return
         try:   # without it the server still serves; a stream that asks for it is told why not
             from models.sentence_boundary import load_boundary_model
-            self.boundary = await asyncio.to_thread(load_boundary_model, s.boundary_model)
+            self.boundary = await asyncio.to_thread(load_boundary_model, serving.boundary_model)
         except Exception as e:  # noqa: BLE001
             self.boundary_error = f"{type(e).__name__}: {e}"
             log.warning("no sentence-boundary classifier: %s", self.boundary_error)
@@ -121,7 +122,7 @@ class ServerState:
         self.ready = True
         self.settled.set()
         await asyncio.gather(self._watch_load_forever(),
-                             *([self._trim_memory_forever(s.memory_trim_s)] if s.memory_trim_s > 0 else []))
+                             *([self._trim_memory_forever(serving.memory_trim_s)] if serving.memory_trim_s > 0 else []))
 
     async def _watch_load_forever(self) -> None:
         """The event loop's lateness (it reads every stream's input and sends its words, so it adds to every
@@ -175,7 +176,7 @@ class ServerState:
             given = auth[7:].strip()
         else:
             given = key_from_subprotocols(ws.scope.get("subprotocols", [])) or ws.query_params.get("token", "")
-        return bool(given) and any(hmac.compare_digest(given.encode(), k.encode()) for k in self.settings.api_keys)
+        return bool(given) and any(hmac.compare_digest(given.encode(), k.encode()) for k in self.settings.auth.api_keys)
 
 
 def health_response(srv: ServerState):
@@ -194,8 +195,8 @@ def headroom(srv: ServerState) -> dict:
     routing figure), and each model's estimate (server/admission.py)."""
     models = {name: eng.admission.current().as_dict() for name, eng in srv.engines.items()}
     default = next(iter(models.values()), {})
-    return {"streams": default.get("streams", 0), "delay_budget_ms": srv.settings.delay_budget_ms,
-            "admission": srv.settings.admission, "models": models}
+    return {"streams": default.get("streams", 0), "delay_budget_ms": srv.settings.headroom.delay_budget_ms,
+            "admission": srv.settings.headroom.admission, "models": models}
 
 
 def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool = False,
@@ -222,7 +223,7 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
                   description="Simultaneous machine translation over a websocket (`/v1/stream`; message "
                               "schemas and error codes at `/v1/protocol`).")
     app.state.server = srv
-    app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["GET"],
+    app.add_middleware(CORSMiddleware, allow_origins=settings.auth.allowed_origins, allow_methods=["GET"],
                        allow_headers=["*"])
 
     @app.get("/health", summary="200 once every model is loaded, else 503")
@@ -254,7 +255,7 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
 
     if extend is not None:
         extend(app, srv)
-    web = Path(settings.web_dir) if settings.web_dir else WEB_DIR
+    web = Path(settings.transport.web_dir) if settings.transport.web_dir else WEB_DIR
     if (web / "index.html").is_file():
         app.mount("/", StaticFiles(directory=web, html=True), name="web")
     else:
@@ -268,7 +269,7 @@ async def serve_stream(ws: WebSocket, srv: ServerState) -> None:
     ip = ws.client.host if ws.client else "?"
     if not srv.ips.connect(ip):
         srv.metrics.refusals.labels("ip_connections").inc()
-        return await refuse(ws, srv, "too_many_connections", f"this address has {srv.settings.max_connections_per_ip}"
+        return await refuse(ws, srv, "too_many_connections", f"this address has {srv.settings.limits.max_connections_per_ip}"
                                                              " connections open (max_connections_per_ip)")
     srv.metrics.ip_connections.set(len(srv.ips.connections))
     try:
@@ -279,20 +280,21 @@ async def serve_stream(ws: WebSocket, srv: ServerState) -> None:
 
 
 async def _serve_counted(ws: WebSocket, srv: ServerState, ip: str) -> None:
-    s = srv.settings
+    settings = srv.settings
+    keys = settings.auth.api_keys
     code = message = None
-    if s.api_keys and srv.ips.auth_blocked(ip):
+    if keys and srv.ips.auth_blocked(ip):
         srv.metrics.refusals.labels("ip_auth_failures").inc()
         code = "too_many_auth_failures"
-    elif not s.origin_allowed(ws.headers.get("origin")):
+    elif not settings.origin_allowed(ws.headers.get("origin")):
         code = "origin_not_allowed"
-    elif s.api_keys and not srv.key_ok(ws):
+    elif keys and not srv.key_ok(ws):
         srv.ips.auth_failed(ip)
         code = "unauthorized"
     elif not srv.ready:
         code = "not_ready"
-    elif srv.active >= s.max_streams:
-        code, message = "server_full", f"the server is full ({s.max_streams} streams); try again later"
+    elif srv.active >= settings.limits.max_streams:
+        code, message = "server_full", f"the server is full ({settings.limits.max_streams} streams); try again later"
     if code is not None:
         return await refuse(ws, srv, code, message)
     srv.active += 1
@@ -327,7 +329,7 @@ class Session:
     """One websocket: a receiver (parse, validate, enqueue) and a sender (the only writer)."""
 
     def __init__(self, ws: WebSocket, srv: ServerState):
-        self.ws, self.srv, self.s = ws, srv, srv.settings
+        self.ws, self.srv, self.limits = ws, srv, srv.settings.limits
         self.out: asyncio.Queue = asyncio.Queue()
         self.engine: ModelEngine | None = None
         self.h = None
@@ -340,7 +342,7 @@ class Session:
         self.seq = 0
         # messages and pings share one bucket (server/guard.py puts it in the scope)
         self.rate = ws.scope.get("extensions", {}).get(RATE_EXTENSION) \
-            or TokenBucket(self.s.rate_limit, self.s.rate_burst)
+            or TokenBucket(self.limits.rate_limit, self.limits.rate_burst)
         self.queued_errors = 0
         self.warned = False
         self.killed: str | None = None
@@ -387,7 +389,7 @@ class Session:
         self.out.put_nowait(msg)
         if msg["type"] == "error":
             self.queued_errors += 1
-        if self.out.qsize() > self.s.max_output_messages or self.queued_errors > MAX_QUEUED_ERRORS:
+        if self.out.qsize() > self.limits.max_output_messages or self.queued_errors > MAX_QUEUED_ERRORS:
             self.kill("slow_consumer")
 
     # ---- sending -------------------------------------------------------------------
@@ -414,33 +416,33 @@ class Session:
     # ---- receiving -----------------------------------------------------------------
     async def _receive_loop(self) -> str:
         """Only a valid message moves the deadline: junk does not keep a connection (and its slot) alive."""
-        s = self.s
-        deadline = time.monotonic() + s.start_timeout_s
+        limits = self.limits
+        deadline = time.monotonic() + limits.start_timeout_s
         while True:
             try:
                 frame = await asyncio.wait_for(self.ws.receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 if self.h is None:
-                    self.reply(error("start_timeout", f"no `start` within {s.start_timeout_s:g} s"))
+                    self.reply(error("start_timeout", f"no `start` within {limits.start_timeout_s:g} s"))
                     self.srv.metrics.refusals.labels("start_timeout").inc()
                 elif await self._translating():
-                    deadline = time.monotonic() + s.idle_timeout_s   # the client waits for us, not idle
+                    deadline = time.monotonic() + limits.idle_timeout_s   # the client waits for us, not idle
                     continue
                 else:
-                    self.reply(error("idle_timeout", f"no valid message for {s.idle_timeout_s:g} s"))
+                    self.reply(error("idle_timeout", f"no valid message for {limits.idle_timeout_s:g} s"))
                 return "fatal"
             if frame["type"] == "websocket.disconnect":
                 return "disconnect"
             if not self.rate.take():
-                self.reply(error("rate_limited", f"over {s.rate_limit:g} messages per second "
-                                                 f"(burst {s.rate_burst})"))
+                self.reply(error("rate_limited", f"over {limits.rate_limit:g} messages per second "
+                                                 f"(burst {limits.rate_burst})"))
                 return "fatal"
             text = frame.get("text")
             if text is None:
                 self.reply(error("binary_frame"))
                 continue
-            if len(text) > s.max_message_bytes or len(text.encode("utf-8", "replace")) > s.max_message_bytes:
-                self.reply(error("message_too_large", f"messages are limited to {s.max_message_bytes} bytes"))
+            if len(text) > limits.max_message_bytes or len(text.encode("utf-8", "replace")) > limits.max_message_bytes:
+                self.reply(error("message_too_large", f"messages are limited to {limits.max_message_bytes} bytes"))
                 continue
             try:
                 await self._handle(parse_client_message(text))
@@ -452,7 +454,7 @@ class Session:
                 self.reply(error("internal_error"))
                 return "fatal"
             if self.h is not None:
-                deadline = time.monotonic() + s.idle_timeout_s
+                deadline = time.monotonic() + limits.idle_timeout_s
 
     async def _translating(self) -> bool:
         """The engine still owes this client words: commands not yet applied (end_stream included),
@@ -508,14 +510,14 @@ class Session:
             self.reply(busy if msg.id is None else {**busy, "id": msg.id})   # fatal: the sender closes (1013)
             return
         self.engine, self.auto, self.h = engine, msg.auto_segment, h
-        s, c = self.s, engine.cfg
+        limits, c = self.limits, engine.cfg
         self.reply({
             "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
             "auto_segment": self.auto, "segmenter": msg.segmenter if self.auto else None,
-            "limits": {"max_words_per_sentence": s.max_words_per_sentence, "max_backlog_words": s.max_backlog_words,
-                       "max_message_bytes": s.max_message_bytes, "rate_limit": s.rate_limit,
-                       "idle_timeout_s": s.idle_timeout_s},
+            "limits": {"max_words_per_sentence": limits.max_words_per_sentence, "max_backlog_words": limits.max_backlog_words,
+                       "max_message_bytes": limits.max_message_bytes, "rate_limit": limits.rate_limit,
+                       "idle_timeout_s": limits.idle_timeout_s},
             **({"server": self.srv.server_id} if self.srv.server_id else {})})
 
     async def _attach(self, engine: ModelEngine, policy, msg: Start):
@@ -526,7 +528,7 @@ class Session:
 
     def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
         """Validate all of a message's words first (a refused message changes nothing), then enqueue."""
-        s, eng = self.s, self.engine
+        limits, eng = self.limits, self.engine
         plan = segment(words, self.auto, self.open_text, self.boundary)
         if end:
             if plan and not plan[-1][1]:
@@ -535,17 +537,17 @@ class Session:
                 plan.append(([], True))
         n = len(words)
         backlog = self.h.backlog
-        if n and backlog + n > s.max_backlog_words:
+        if n and backlog + n > limits.max_backlog_words:
             raise ProtocolError("backlog_full", f"{backlog} source words are waiting to be read; {n} more would "
-                                f"exceed max_backlog_words={s.max_backlog_words}: message rejected, resend later",
+                                f"exceed max_backlog_words={limits.max_backlog_words}: message rejected, resend later",
                                 msg_id, rejected_words=n)
         limit = eng.cfg.max_positions - 1   # the source EOS takes one position
         counts, ow, osw = [], self.open_words, self.open_subwords
         for ws, ends in plan:
             sw = eng.count_subwords(ws)
-            if ow + len(ws) > s.max_words_per_sentence or osw + sw > limit:
+            if ow + len(ws) > limits.max_words_per_sentence or osw + sw > limit:
                 raise ProtocolError("sentence_too_long", f"the sentence would have {ow + len(ws)} words "
-                                    f"({osw + sw} subwords); the limits are {s.max_words_per_sentence} words and "
+                                    f"({osw + sw} subwords); the limits are {limits.max_words_per_sentence} words and "
                                     f"{limit} subwords: message rejected, end the sentence earlier",
                                     msg_id, rejected_words=n)
             counts.append(sw)
@@ -565,12 +567,12 @@ class Session:
                 self.open_words = self.open_subwords = 0
                 self.open_text = []
         backlog = self.h.backlog
-        if backlog > s.max_backlog_words // 2 and not self.warned:
+        if backlog > limits.max_backlog_words // 2 and not self.warned:
             self.warned = True
             self.reply({"type": "warning", "code": "slow_down", "backlog": backlog,
                                  "message": f"{backlog} source words wait to be read (limit "
-                                            f"{s.max_backlog_words}); send more slowly"})
-        elif backlog <= s.max_backlog_words // 4:
+                                            f"{limits.max_backlog_words}); send more slowly"})
+        elif backlog <= limits.max_backlog_words // 4:
             self.warned = False
 
 

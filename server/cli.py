@@ -187,7 +187,7 @@ def run(args) -> int:
         return run_ray(args)
     try:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
-        if settings.workers > 1:   # one engine process and N front ends (server/workers.py)
+        if settings.transport.workers > 1:   # one engine process and N front ends (server/workers.py)
             from server.settings import resolve_models
             served = list(resolve_models(settings))   # a bad checkpoint is reported here, once
         else:
@@ -198,22 +198,22 @@ def run(args) -> int:
     except (SettingsError, ValueError) as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
         return 2
-    if settings.torch_threads is None:  # leave a core to the event loop (websockets, JSON)
+    if settings.serving.torch_threads is None:  # leave a core to the event loop (websockets, JSON)
         settings.torch_threads = max(1, (os.cpu_count() or 2) - 1)
-    if settings.workers > 1:
-        scheme = "wss" if settings.ssl_certfile else "ws"
-        print(f"simulserve: serving {', '.join(served)} on {scheme}://{settings.host}:{settings.port}/v1/stream "
-              f"({settings.workers} front-end processes, one engine process)", file=sys.stderr, flush=True)
+    if settings.transport.workers > 1:
+        scheme = "wss" if settings.transport.ssl_certfile else "ws"
+        print(f"simulserve: serving {', '.join(served)} on {scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
+              f"({settings.transport.workers} front-end processes, one engine process)", file=sys.stderr, flush=True)
         from server.workers import serve_workers
         return serve_workers(settings)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    scheme = "wss" if settings.ssl_certfile else "ws"
+    logging.basicConfig(level=settings.transport.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    scheme = "wss" if settings.transport.ssl_certfile else "ws"
     print(f"simulserve: serving {', '.join(served)} on "
-          f"{scheme}://{settings.host}:{settings.port}/v1/stream", file=sys.stderr, flush=True)
+          f"{scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream", file=sys.stderr, flush=True)
     import uvicorn
-    uvicorn.Server(uvicorn_config(app, settings, host=settings.host, port=settings.port,
-                                  log_level=settings.log_level.lower(), ssl_certfile=settings.ssl_certfile,
-                                  ssl_keyfile=settings.ssl_keyfile, access_log=False)).run()
+    uvicorn.Server(uvicorn_config(app, settings, host=settings.transport.host, port=settings.transport.port,
+                                  log_level=settings.transport.log_level.lower(), ssl_certfile=settings.transport.ssl_certfile,
+                                  ssl_keyfile=settings.transport.ssl_keyfile, access_log=False)).run()
     return 0
 
 
@@ -236,6 +236,6 @@ def run_ray(args) -> int:
     except ValueError as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.transport.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from server.ray_serve import run_cli
     return run_cli(settings, opts)

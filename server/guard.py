@@ -151,7 +151,8 @@ def _refusal(status: int, reason: str) -> bytes:
 
 def make_http_protocol(settings, refused: Callable[[str], None]):
     """uvicorn's httptools protocol with a bounded, timed request head."""
-    max_bytes, max_headers, timeout = settings.max_header_bytes, settings.max_headers, settings.request_head_timeout_s
+    limits = settings.limits
+    max_bytes, max_headers, timeout = limits.max_header_bytes, limits.max_headers, limits.request_head_timeout_s
 
     class GuardedHttpProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
@@ -227,7 +228,7 @@ def make_http_protocol(settings, refused: Callable[[str], None]):
 
 def make_ws_protocol(settings, refused: Callable[[str], None]):
     """uvicorn's websockets protocol: pings rate-limited, bad UTF-8 closed quietly, stuck sockets aborted."""
-    rate, burst = settings.rate_limit, settings.rate_burst
+    rate, burst = settings.limits.rate_limit, settings.limits.rate_burst
 
     class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         def handle_connect(self, event) -> None:
@@ -280,7 +281,7 @@ def uvicorn_config(app, settings, **kw) -> uvicorn.Config:
         srv.metrics.refusals.labels(reason).inc()
 
     install_log_redaction()
-    if settings.forwarded_allow_ips is not None:
-        kw.setdefault("forwarded_allow_ips", settings.forwarded_allow_ips)
+    if settings.transport.forwarded_allow_ips is not None:
+        kw.setdefault("forwarded_allow_ips", settings.transport.forwarded_allow_ips)
     return uvicorn.Config(app, http=make_http_protocol(settings, refused), ws=make_ws_protocol(settings, refused),
-                          ws_max_size=4 * settings.max_message_bytes + 1024, **kw)
+                          ws_max_size=4 * settings.limits.max_message_bytes + 1024, **kw)

@@ -73,7 +73,7 @@ def deployment_options(opts: RayOptions, settings: ServerSettings) -> dict:
         "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus},
         # A websocket is one request for as long as it is open: the replica's stream limit, not Serve's
         # default of a handful, is what may be open at once (then `server_full`).
-        "max_ongoing_requests": settings.max_streams,
+        "max_ongoing_requests": settings.limits.max_streams,
         "graceful_shutdown_timeout_s": opts.graceful_shutdown_s,
         "health_check_period_s": 5.0,
     }
@@ -89,7 +89,7 @@ def deployment_options(opts: RayOptions, settings: ServerSettings) -> dict:
 
 def replica_threads(settings: ServerSettings, num_cpus: float) -> int:
     """torch threads per replica: the CPUs it asked for (at least one), unless set."""
-    return settings.torch_threads or max(1, int(num_cpus))
+    return settings.serving.torch_threads or max(1, int(num_cpus))
 
 
 # ------------------------------------------------------------------ the replica registry
@@ -180,7 +180,8 @@ class SimulServe:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # the monitor listens where the proxy does: loopback stays loopback (a local-only deployment)
-        self.monitor_host = self.settings.host if self.settings.host in ("127.0.0.1", "::1", "localhost") \
+        host = self.settings.transport.host
+        self.monitor_host = host if host in ("127.0.0.1", "::1", "localhost") \
             else self.node
         self.sock.bind((self.monitor_host, monitor_port))
         self.monitor = None
@@ -270,9 +271,9 @@ def run_cli(settings: ServerSettings, opts: RayOptions) -> int:
     Ctrl-C or SIGTERM, then take the application down (and a local cluster with it)."""
     print(f"simulserve: deploying {', '.join(settings.models) or 'every shipped model'} on Ray Serve "
           f"({'cluster ' + opts.address if opts.address else 'a local cluster'})", file=sys.stderr, flush=True)
-    deploy(settings, opts, host=settings.host, port=settings.port)
-    print(f"simulserve: {len(replicas())} replica(s) up; streams on ws://{settings.host}:{settings.port}/v1/stream, "
-          f"replicas at http://{settings.host}:{settings.port}/v1/replicas", file=sys.stderr, flush=True)
+    deploy(settings, opts, host=settings.transport.host, port=settings.transport.port)
+    print(f"simulserve: {len(replicas())} replica(s) up; streams on ws://{settings.transport.host}:{settings.transport.port}/v1/stream, "
+          f"replicas at http://{settings.transport.host}:{settings.transport.port}/v1/replicas", file=sys.stderr, flush=True)
     # Ctrl-C, or SIGTERM (a container stopped); also when the shell started us with SIGINT ignored
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -183,7 +183,10 @@ class ServeRay:
                "--ray", "--address", cluster.address, *(scaling or ("--replicas", "2")), "--num-cpus", "0.5",
                "--host", "127.0.0.1", "--port", str(self.port), "--rate-limit", "10000", "--rate-burst", "10000",
                "--graceful-shutdown-s", "2", "--log-level", "warning",
-               "--step", "default"]   # float32, as the references (serve's own default is int8 on a CPU)
+               "--step", "default",   # float32, as the references (serve's own default is int8 on a CPU)
+               # every stream is admitted: these tests count replicas and streams, and a cold replica's
+               # headroom estimate takes 4 (test_admission.py tests admission)
+               "--no-admission"]
         self.log = open(Path(cluster.tmp) / "serve.log", "w+")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=cluster.env, stdout=self.log, stderr=subprocess.STDOUT)
 

@@ -1,0 +1,280 @@
+"""The engine process of `simulserve serve --workers N`: the models, their stepping threads, and every limit
+that must hold across the front ends (docs/server.md#several-processes---workers-n).
+
+It runs what one process runs (server/app.py `ServerState`: loading, warm-up, the stepping thread per model,
+admission by headroom, memory trimming) but no websocket: its event loop only reads the front ends' messages
+(server/ipc_messages.py), hands their commands to the engines and sends each job's events back, one message
+per front end. The stream count, the per-address limits and the admission decisions live here, so they are
+the server's, whichever front end a client reached.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import signal
+import socket
+
+from server.app import ServerState
+from server.engine import EndSentence, EndStream, ModelEngine, PushWords, StreamHandle
+from server.ipc import Link, accept_link
+from server.ipc_messages import (Attach, Collect, Collected, Connect, Detach, Disconnect, Events, LoopLate, Owes,
+                                 Reply, Scrape, Status, StatusRequest, ToStream)
+from server.metrics_merge import snapshot
+from server.protocol import error
+from server.settings import ServerSettings, resolve_models
+
+log = logging.getLogger("simulserve.engine_process")
+SCRAPE_WAIT_S = 2.0   # a front end that does not answer a scrape within this is left out of it
+
+
+class ProcessEngine(ModelEngine):
+    """A model's engine whose streams live in front-end processes. Besides each job's events, a stream's count
+    of source words read goes back whenever it changed (a policy also reads without writing): the front end
+    checks its backlog limits against it."""
+
+    def _deliver(self, batch: list[StreamHandle], events: dict) -> None:
+        super()._deliver(batch, events)      # events onto each stream's Outbox, metrics
+        for h in batch:
+            if not h.closed and h.read != h.out.read:
+                h.out.read_changed(h.read)
+
+
+class EngineState(ServerState):
+    engine_class = ProcessEngine
+
+
+class Outbox:
+    """A remote stream's `out` queue: what the engine puts on it joins its front end's next `Events`. Unsent
+    messages wait in the front end, which counts them against max_output_messages (slow_consumer)."""
+    __slots__ = ("front", "stream", "read")
+
+    def __init__(self, front: FrontEnd, stream: int):
+        self.front, self.stream, self.read = front, stream, 0
+
+    def put_nowait(self, event: dict) -> None:
+        self.front.pending(self.stream, self.read)[0].append(event)
+
+    def read_changed(self, n: int) -> None:
+        self.read = n
+        self.front.pending(self.stream, n)[1] = n
+
+    def qsize(self) -> int:
+        return 0
+
+
+@dataclasses.dataclass
+class Conn:
+    """One websocket of a front end, as the global limits count it."""
+    ip: str
+    active: bool = False          # holds one of max_streams
+    stream: int | None = None
+
+
+class FrontEnd:
+    """One front end's link, its websockets and streams, and the events waiting to go to it."""
+
+    def __init__(self, link: Link, number: int):
+        self.link, self.number = link, number
+        self.conns: dict[int, Conn] = {}
+        self.streams: dict[int, tuple[ModelEngine, StreamHandle]] = {}
+        self._pending: dict[int, list] = {}
+
+    def pending(self, stream: int, read: int) -> list:
+        """The stream's [events, source words read] in the next Events message (scheduled on first use)."""
+        p = self._pending.get(stream)
+        if p is None:
+            if not self._pending:
+                self.link.loop.call_soon(self._flush)
+            p = self._pending[stream] = [[], read]
+        return p
+
+    def _flush(self) -> None:
+        items, self._pending = self._pending, {}
+        if items:
+            self.link.send(Events([(stream, events, read) for stream, (events, read) in items.items()]))
+
+
+class EngineProcess:
+    def __init__(self, settings: ServerSettings, listener: socket.socket, key: bytes):
+        self.srv = EngineState(settings, resolve_models(settings))
+        self.listener, self.key = listener, key
+        self.fronts: dict[int, FrontEnd] = {}
+        self._numbers = itertools.count(1)
+        self._scrapes: dict[int, tuple[set[int], list, asyncio.Future]] = {}
+        self._tokens = itertools.count(1)
+        self.handlers = {Connect: self.connect, Disconnect: self.disconnect, Attach: self.attach,
+                         ToStream: self.to_stream, Detach: self.detach, Owes: self.owes,
+                         StatusRequest: self.status, Scrape: self.scrape, Collected: self.collected,
+                         LoopLate: self.loop_late}
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        server = await asyncio.start_unix_server(self._serve_front_end, sock=self.listener)
+        loading = asyncio.create_task(self.srv.load())
+        await stop.wait()
+        server.close()
+        loading.cancel()
+        await asyncio.gather(loading, return_exceptions=True)
+        for f in list(self.fronts.values()):
+            f.link.close()
+        await self.srv.close()
+
+    async def _serve_front_end(self, reader, writer) -> None:
+        try:
+            link = await accept_link(reader, writer, self.key)
+        except (PermissionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
+            log.warning("engine socket: connection refused (%s)", e)
+            writer.close()
+            return
+        f = FrontEnd(link, next(self._numbers))
+        self.fronts[f.number] = f
+        try:
+            await link.serve(lambda msg: self.handlers[type(msg)](f, msg))
+        finally:
+            del self.fronts[f.number]
+            for conn in list(f.conns):
+                self.disconnect(f, Disconnect(conn))
+            for stream in list(f.streams):
+                self.detach(f, Detach(stream))
+            for token in list(self._scrapes):
+                self._answered(token, f.number, [])
+
+    # ---- connections: the same checks, in the same order, as server/app.py serve_stream and _serve_counted
+    def connect(self, f: FrontEnd, m: Connect) -> None:
+        srv, settings, ip = self.srv, self.srv.settings, m.ip
+        if not srv.ips.connect(ip):
+            srv.metrics.refusals.labels("ip_connections").inc()
+            return f.link.send(Reply(m.req, ("too_many_connections", f"this address has {settings.limits.max_connections_per_ip}"
+                                                                     " connections open (max_connections_per_ip)")))
+        srv.metrics.ip_connections.set(len(srv.ips.connections))
+        conn = f.conns[m.conn] = Conn(ip)
+        code = message = None
+        if settings.auth.api_keys and srv.ips.auth_blocked(ip):
+            srv.metrics.refusals.labels("ip_auth_failures").inc()
+            code = "too_many_auth_failures"
+        elif not m.origin_ok:
+            code = "origin_not_allowed"
+        elif settings.auth.api_keys and not m.key_ok:
+            srv.ips.auth_failed(ip)
+            code = "unauthorized"
+        elif not srv.ready:
+            code = "not_ready"
+        elif srv.active >= settings.limits.max_streams:
+            code, message = "server_full", f"the server is full ({settings.limits.max_streams} streams); try again later"
+        if code is None:
+            conn.active = True
+            srv.active += 1
+            srv.metrics.active_streams.inc()
+        f.link.send(Reply(m.req, None if code is None else (code, message)))
+
+    def disconnect(self, f: FrontEnd, m: Disconnect) -> None:
+        conn = f.conns.pop(m.conn, None)
+        if conn is None:
+            return
+        if conn.stream is not None:
+            self.detach(f, Detach(conn.stream))
+        srv = self.srv
+        if conn.active:
+            srv.active -= 1
+            srv.metrics.active_streams.dec()
+        srv.ips.disconnect(conn.ip)
+        srv.metrics.ip_connections.set(len(srv.ips.connections))
+
+    # ---- streams
+    def attach(self, f: FrontEnd, m: Attach) -> None:
+        try:
+            eng = self.srv.engines[m.model]
+            busy = eng.admit()      # the front end has made every other check: a refused stream takes no share
+            if busy is None:
+                h = eng.attach(eng.policy_for(m.k, m.delta), Outbox(f, m.stream), None)
+                f.streams[m.stream] = (eng, h)
+                if m.conn in f.conns:
+                    f.conns[m.conn].stream = m.stream
+        except Exception:  # noqa: BLE001 - the front end waits for an answer
+            log.exception("attaching a stream failed")
+            busy = error("internal_error")
+        f.link.send(Reply(m.req, busy))
+
+    def to_stream(self, f: FrontEnd, m: ToStream) -> None:
+        found = f.streams.get(m.stream)
+        if found is None:
+            return
+        eng, h = found
+        cmd = m.command
+        if isinstance(cmd, PushWords):
+            eng.push(h, cmd.words, cmd.t)
+        elif isinstance(cmd, EndSentence):
+            eng.end_sentence(h, cmd.t)
+        elif isinstance(cmd, EndStream):
+            eng.end_stream(h)
+
+    def detach(self, f: FrontEnd, m: Detach) -> None:
+        found = f.streams.pop(m.stream, None)
+        if found is not None:
+            found[0].detach(found[1])
+
+    def owes(self, f: FrontEnd, m: Owes) -> None:
+        """The test of server/app.py Session._translating, on the stream's handle here."""
+        found = f.streams.get(m.stream)
+        owed = False
+        if found is not None:
+            h = found[1]
+            owed = bool(h.commands) or h.backlog > 0 or (h.state is not None and h.state.end_received
+                                                         and not h.state.done)
+        f.link.send(Reply(m.req, owed))
+
+    def loop_late(self, f: FrontEnd, m: LoopLate) -> None:
+        for eng in self.srv.engines.values():
+            for late in m.seconds:
+                eng.admission.loop_lag(late)
+
+    # ---- probes
+    def status(self, f: FrontEnd, m: StatusRequest) -> None:
+        srv = self.srv
+        engines = srv.engines if srv.ready else {}
+        f.link.send(Reply(m.req, Status(
+            srv.ready, srv.load_error, srv.active, {n: e.admission.current() for n, e in engines.items()},
+            {n: e.info() for n, e in engines.items()} if m.models else None)))
+
+    def scrape(self, f: FrontEnd, m: Scrape) -> None:
+        """Every front end's samples as of now, with this process's: asked of each, answered when all have."""
+        token = next(self._tokens)
+        fut = asyncio.get_running_loop().create_future()
+        self._scrapes[token] = (set(self.fronts), [snapshot(self.srv.metrics.registry)], fut)
+        for other in self.fronts.values():
+            other.link.send(Collect(token))
+
+        async def answer():
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), SCRAPE_WAIT_S)
+            except asyncio.TimeoutError:
+                log.warning("a front end did not answer a metrics scrape within %g s", SCRAPE_WAIT_S)
+            _, samples, _ = self._scrapes.pop(token)
+            f.link.send(Reply(m.req, samples))
+        asyncio.ensure_future(answer())
+
+    def collected(self, f: FrontEnd, m: Collected) -> None:
+        self._answered(m.token, f.number, m.samples)
+
+    def _answered(self, token: int, front: int, samples: list) -> None:
+        entry = self._scrapes.get(token)
+        if entry is None or front not in entry[0]:
+            return
+        waiting, got, fut = entry
+        waiting.discard(front)
+        if samples:
+            got.append(samples)
+        if not waiting and not fut.done():
+            fut.set_result(None)
+
+
+def main(settings: dict, listener: socket.socket, key: bytes) -> None:
+    """The engine process (spawned by server/workers.py)."""
+    from server.workers import child_logging
+    child_logging(settings["log_level"], "engine")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent stops it, after the front ends (SIGTERM)
+    asyncio.run(EngineProcess(ServerSettings.model_construct(**settings), listener, key).run())

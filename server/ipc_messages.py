@@ -1,0 +1,114 @@
+"""The messages between the front ends and the engine process of `simulserve serve --workers N`
+(server/ipc.py carries them; docs/server.md#several-processes---workers-n).
+
+A front end asks (`req` numbers a request; the engine process answers with `Reply(req, value)`):
+    Connect     at the websocket upgrade: the global limits (per-address connections and failed keys,
+                readiness, max_streams); value: None (counted) or (error code, message or None)
+    Attach      at `start`, after the checks a front end makes itself: admission by headroom and the
+                stream's handle; value: None (attached) or the `server_busy` error
+    Owes        at the idle timeout: does the engine still owe this stream words? value: bool
+    Status      for /health and /v1/models; value: `Status`
+    Scrape      for /metrics; value: every process's samples (server/metrics_merge.py)
+and tells (no answer): `ToStream` (a stream's `PushWords`, `EndSentence`, `EndStream`, server/engine.py),
+`Detach`, `Disconnect`, `LoopLate` (its event loop's lateness, which adds to every word's delay), `Collected`.
+
+The engine process sends `Events` (for each stream of that front end that a job touched: its events, the
+words of its source read so far), `Collect` (a scrape wants this front end's samples) and the replies.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from server.engine import Command
+
+
+# ---------------------------------------------------------------- front end -> engine process
+@dataclasses.dataclass(frozen=True)
+class Connect:
+    req: int
+    conn: int
+    ip: str
+    origin_ok: bool
+    key_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Disconnect:
+    """The websocket is gone: what it held (its address's count, its stream slot, its stream) is freed."""
+    conn: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Attach:
+    req: int
+    conn: int
+    stream: int
+    model: str
+    k: Any
+    delta: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ToStream:
+    stream: int
+    command: Command
+
+
+@dataclasses.dataclass(frozen=True)
+class Detach:
+    stream: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Owes:
+    req: int
+    stream: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusRequest:
+    req: int
+    models: bool          # with each model's info() (/v1/models), not only the headroom (/health)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scrape:
+    req: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Collected:
+    token: int
+    samples: list
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopLate:
+    seconds: tuple[float, ...]
+
+
+# ---------------------------------------------------------------- engine process -> front end
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    req: int
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Events:
+    items: list[tuple[int, list[dict], int]]   # (stream, its events in order, source words read so far)
+
+
+@dataclasses.dataclass(frozen=True)
+class Collect:
+    token: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    ready: bool
+    load_error: str | None
+    active: int
+    headroom: dict[str, Any]               # model -> server.admission.Headroom
+    info: dict[str, dict] | None           # model -> ModelEngine.info(), if asked
