@@ -170,12 +170,7 @@ class CachePool:
             return 0
         if self.reserved:
             return self._shrink_reserved()
-        used = set(range(self.capacity)) - set(self.free)
-        need = max(self.initial, 2 * self.peak, max(used, default=-1) + 1)
-        target = self.initial
-        while target < need:
-            target *= 2
-        self.peak = self.in_use
+        target = self._cut()
         if target >= self.capacity:
             return 0
         for name, t in self.tensors.items():   # a copy: slicing would keep the whole block alive
@@ -187,15 +182,21 @@ class CachePool:
         self.capacity = target
         return given
 
-    def _shrink_reserved(self) -> int:
-        """The same rule as `shrink`, for a reserved pool: the pages of the slots above the cut go back to the
-        system; the address range (and the capacity) stay."""
+    def _cut(self) -> int:
+        """Where a shrink cuts: twice the most slots used since the last one, a power of two, at least the
+        initial capacity, never below a slot in use (and the peak starts again from the slots in use)."""
         used = set(range(self.capacity)) - set(self.free)
         need = max(self.initial, 2 * self.peak, max(used, default=-1) + 1)
         target = self.initial
         while target < need:
             target *= 2
         self.peak = self.in_use
+        return target
+
+    def _shrink_reserved(self) -> int:
+        """The same rule as `shrink`, for a reserved pool: the pages of the slots above the cut go back to the
+        system; the address range (and the capacity) stay."""
+        target = self._cut()
         if target >= self.touched:
             return 0
         self._release_pages(target)

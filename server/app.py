@@ -279,24 +279,30 @@ async def serve_stream(ws: WebSocket, srv: ServerState) -> None:
         srv.metrics.ip_connections.set(len(srv.ips.connections))
 
 
-async def _serve_counted(ws: WebSocket, srv: ServerState, ip: str) -> None:
+def connect_refusal(srv: ServerState, ip: str, origin_ok: bool, key_ok) -> tuple[str, str | None] | None:
+    """The checks of a counted connection, in order (one process here; the engine process of `--workers N`
+    for every front end): the (code, message) to refuse it with, or None. key_ok() is asked only when needed."""
     settings = srv.settings
     keys = settings.auth.api_keys
-    code = message = None
     if keys and srv.ips.auth_blocked(ip):
         srv.metrics.refusals.labels("ip_auth_failures").inc()
-        code = "too_many_auth_failures"
-    elif not settings.origin_allowed(ws.headers.get("origin")):
-        code = "origin_not_allowed"
-    elif keys and not srv.key_ok(ws):
+        return "too_many_auth_failures", None
+    if not origin_ok:
+        return "origin_not_allowed", None
+    if keys and not key_ok():
         srv.ips.auth_failed(ip)
-        code = "unauthorized"
-    elif not srv.ready:
-        code = "not_ready"
-    elif srv.active >= settings.limits.max_streams:
-        code, message = "server_full", f"the server is full ({settings.limits.max_streams} streams); try again later"
-    if code is not None:
-        return await refuse(ws, srv, code, message)
+        return "unauthorized", None
+    if not srv.ready:
+        return "not_ready", None
+    if srv.active >= settings.limits.max_streams:
+        return "server_full", f"the server is full ({settings.limits.max_streams} streams); try again later"
+    return None
+
+
+async def _serve_counted(ws: WebSocket, srv: ServerState, ip: str) -> None:
+    refusal = connect_refusal(srv, ip, srv.settings.origin_allowed(ws.headers.get("origin")), lambda: srv.key_ok(ws))
+    if refusal is not None:
+        return await refuse(ws, srv, *refusal)
     srv.active += 1
     srv.metrics.active_streams.inc()
     session = Session(ws, srv)

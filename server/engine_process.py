@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 
-from server.app import ServerState
+from server.app import ServerState, connect_refusal
 from server.engine import EndSentence, EndStream, ModelEngine, PushWords, StreamHandle
 from server.ipc import Link, accept_link
 from server.ipc_messages import (Attach, Collect, Collected, Connect, Detach, Disconnect, Events, LoopLate, Owes,
@@ -152,24 +152,12 @@ class EngineProcess:
                                                                      " connections open (max_connections_per_ip)")))
         srv.metrics.ip_connections.set(len(srv.ips.connections))
         conn = f.conns[m.conn] = Conn(ip)
-        code = message = None
-        if settings.auth.api_keys and srv.ips.auth_blocked(ip):
-            srv.metrics.refusals.labels("ip_auth_failures").inc()
-            code = "too_many_auth_failures"
-        elif not m.origin_ok:
-            code = "origin_not_allowed"
-        elif settings.auth.api_keys and not m.key_ok:
-            srv.ips.auth_failed(ip)
-            code = "unauthorized"
-        elif not srv.ready:
-            code = "not_ready"
-        elif srv.active >= settings.limits.max_streams:
-            code, message = "server_full", f"the server is full ({settings.limits.max_streams} streams); try again later"
-        if code is None:
+        refusal = connect_refusal(srv, ip, m.origin_ok, lambda: m.key_ok)
+        if refusal is None:
             conn.active = True
             srv.active += 1
             srv.metrics.active_streams.inc()
-        f.link.send(Reply(m.req, None if code is None else (code, message)))
+        f.link.send(Reply(m.req, refusal))
 
     def disconnect(self, f: FrontEnd, m: Disconnect) -> None:
         conn = f.conns.pop(m.conn, None)
