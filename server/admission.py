@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 
-TARGET = 0.75           # the estimate plans for this share of the budget: the rest absorbs its error
+TARGET = 0.6            # the estimate plans for this share of the budget: the rest absorbs its error
 WINDOW_S = 5.0          # recent p99s: the words of the last 5 s
 RATE_TAU_S = 10.0       # rows per stream, mean cycle, K, freed shares: moving averages over ~10 s
 MIN_WORDS = 20          # fewer words in the window: no measured p99
