@@ -465,11 +465,8 @@ class Session:
     async def _translating(self) -> bool:
         """The engine still owes this client words: commands not yet applied (end_stream included),
         input not yet read, an ended sentence not yet finished. A client that waits for those is not idle;
-        one that stops reading them is dropped by the unsent-message limit. (Reads flags only: safe while
-        a step runs.)"""
-        h = self.h
-        return bool(h.commands) or h.backlog > 0 or (h.state is not None and h.state.end_received
-                                                     and not h.state.done)
+        one that stops reading them is dropped by the unsent-message limit (StreamHandle.owes_words)."""
+        return self.h.owes_words
 
     async def _handle(self, msg) -> None:
         if isinstance(msg, Start):

@@ -90,6 +90,13 @@ class StreamHandle:
         """Source words received and not yet read by the policy."""
         return self.received - self.read
 
+    @property
+    def owes_words(self) -> bool:
+        """The engine still owes this client words: commands not yet applied (end_stream included), input
+        not yet read, an ended sentence not yet finished. (Reads flags only: safe while a step runs.)"""
+        s = self.state
+        return bool(self.commands) or self.backlog > 0 or (s is not None and s.end_received and not s.done)
+
 
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,

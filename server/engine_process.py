@@ -206,14 +206,9 @@ class EngineProcess:
             found[0].detach(found[1])
 
     def owes(self, f: FrontEnd, m: Owes) -> None:
-        """The test of server/app.py Session._translating, on the stream's handle here."""
+        """Session._translating for a front end: StreamHandle.owes_words of the stream's handle here."""
         found = f.streams.get(m.stream)
-        owed = False
-        if found is not None:
-            h = found[1]
-            owed = bool(h.commands) or h.backlog > 0 or (h.state is not None and h.state.end_received
-                                                         and not h.state.done)
-        f.link.send(Reply(m.req, owed))
+        f.link.send(Reply(m.req, found is not None and found[1].owes_words))
 
     def loop_late(self, f: FrontEnd, m: LoopLate) -> None:
         for eng in self.srv.engines.values():
