@@ -128,7 +128,7 @@ def _max_streams(args) -> int:
     allocated whole at start-up, just the most this run opens (its largest level or throughput phase)."""
     if args.step != "graphs":
         return 100000
-    levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
+    levels = [int(x) for x in f"{args.levels},{args.overload}".split(",") if x.strip()]
     return max(levels + [args.throughput_streams, args.soak_streams or 0]) + 8
 
 

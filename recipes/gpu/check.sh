@@ -8,11 +8,12 @@
 #
 # Each step has its own time budget (BUDGET_* below, seconds) and a step that runs out is reported as
 # such, so one slow part cannot cost the rest. JSON of every benchmark lands beside REPORT. By default it
-# answers in under 5 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
-# bench step (wall against kernel per batch size, eager sync-free against graphs), and bench server with
-# the graphs form from 250 to 4,000 speakers and flat out at 1,024 streams, SM utilisation sampled
-# throughout. The older parts (bfloat16, bench engine, graph breaks of the compiled form, evaluate) have
-# budget 0 unless asked for (BUDGET_STEP_BF16=50 and so on).
+# answers in under 9 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
+# bench step (wall against kernel per batch size, eager sync-free against graphs), bench server with the
+# graphs form without admission from 250 to 4,000 speakers and flat out at 1,024 streams, in one process and
+# with --workers 4, then admission by headroom past capacity; SM utilisation sampled through each server
+# run. The older parts (bfloat16, bench engine, graph breaks of the compiled form, evaluate) have budget 0
+# unless asked for (BUDGET_STEP_BF16=50 and so on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR="${OUT:-.}"
@@ -34,9 +35,20 @@ SERVER_LEVELS="${SERVER_LEVELS:-250,500,1000,2000,4000}"; CLIENT_PROCS="${CLIENT
 EVAL_LIMIT="${EVAL_LIMIT:-200}"
 # bench step's size: the full sizes take about 18 s per timed run on an H200 (30 runs in float32), more than
 # a time-boxed run's check has; run_boxed.sh asks for fewer sentences, batch sizes and rounds
-STEP_BATCHES="${STEP_BATCHES:-1,8,32,128,256}"; STEP_SENTENCES="${STEP_SENTENCES:-256}"; STEP_ROUNDS="${STEP_ROUNDS:-1}"
+STEP_BATCHES="${STEP_BATCHES:-64,256}"; STEP_SENTENCES="${STEP_SENTENCES:-256}"; STEP_ROUNDS="${STEP_ROUNDS:-1}"
 BF16_BATCHES="${BF16_BATCHES:-1,8,32,128}"; BF16_SENTENCES="${BF16_SENTENCES:-128}"
 TESTS_K="${TESTS_K:-}"   # pytest -k: run_boxed.sh runs only the tests that use CUDA (70 s ran 20 of all 64 on an H200)
+# the graph-replay tests only by default: the compiled form's CUDA tests (tests/test_device_state.py) compile
+# for minutes (TEST_FILES="tests/test_cuda_graphs.py tests/test_device_state.py" runs them too)
+TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
+# bench step in two sizes: batch 1 and 8 over few sentences (a step at a time is slow to walk through many),
+# 64 and 256 over enough sentences to fill them
+SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-32}"
+WORKERS="${WORKERS:-4}"; BUDGET_SERVER_WORKERS="${BUDGET_SERVER_WORKERS:-110}"
+WORKERS_LEVELS="${WORKERS_LEVELS:-1000,2000,4000}"; THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
+# admission by headroom on the GPU: a short ramp, then levels far past it (refused speakers retry)
+BUDGET_ADMISSION="${BUDGET_ADMISSION:-110}"; ADMISSION_LEVELS="${ADMISSION_LEVELS:-500,1000,2000}"
+OVERLOAD_LEVELS="${OVERLOAD_LEVELS:-4000,8000}"
 
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
 if [ ! -f "$DATA/test.de" ] && [ -f .gpu/data.tar.xz ]; then   # the test sets as pack.sh check packs them
@@ -72,8 +84,11 @@ say '```'
   || [ "$DEVICE" = cpu ] || { say "no CUDA device: nothing to check"; echo "no CUDA device"; exit 1; }
 
 step "CUDA tests: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py), device-resident state" "$BUDGET_TESTS" \
-  "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "${TESTS_K:-cuda}" tests/test_cuda_graphs.py tests/test_device_state.py
-step "bench step, float32: eager sync-free against CUDA graphs captured at start-up" "$BUDGET_STEP" \
+  "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "${TESTS_K:-cuda}" $TEST_FILES
+step "bench step, float32, small batches: eager sync-free against CUDA graphs captured at start-up" "$((BUDGET_STEP / 2))" \
+  simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
+  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs --json "$DIR/step_cuda_small.json"
+step "bench step, float32, large batches: eager sync-free against CUDA graphs captured at start-up" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
   --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs --json "$DIR/step_cuda.json"
 step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
@@ -83,17 +98,31 @@ step "bench engine" "$BUDGET_ENGINE" \
   simulserve bench engine --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --count 3
 step "graph breaks of the compiled step on $DEVICE (one graph each on the CPU: docs/benchmarks.md)" "$BUDGET_GRAPHS" \
   "$PY" recipes/graph_breaks.py --device $DEVICE
-# SM utilisation sampled once a second through the server run (nvidia-smi dmon), summarised after it
-if command -v nvidia-smi >/dev/null; then nvidia-smi dmon -s u -d 1 > "$DIR/dmon.txt" 2>&1 & dmon=$!; fi
-step "bench server (graphs form; $CLIENT_PROCS client processes)" "$BUDGET_SERVER" \
-  simulserve bench server --device $DEVICE --step graphs --checkpoint "$CKPT" --input "$DATA/test.de" \
-  --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams 1024 --throughput-seconds 10 --skip soak \
+# SM utilisation sampled once a second through each server run (nvidia-smi dmon), summarised after it
+dmon_on() { if command -v nvidia-smi >/dev/null; then nvidia-smi dmon -s u -d 1 > "$DIR/dmon_$1.txt" 2>&1 & dmon=$!; fi; }
+dmon_off() {
+  [ -n "${dmon:-}" ] || return 0
+  kill "$dmon" 2>/dev/null; dmon=
+  say "" "SM utilisation during this server run (nvidia-smi dmon, % per second): $(awk '$1 ~ /^[0-9]+$/ {n++; s+=$2; if ($2>m) m=$2} END {if (n) printf "mean %.1f, max %d over %d samples", s/n, m, n; else print "no samples"}' "$DIR/dmon_$1.txt")"
+}
+dmon_on one
+step "bench server (graphs form, one process; $CLIENT_PROCS client processes)" "$BUDGET_SERVER" \
+  simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
-if [ -n "${dmon:-}" ]; then
-  kill "$dmon" 2>/dev/null
-  say "" "SM utilisation during the server run (nvidia-smi dmon, % per second): $(awk '$1 ~ /^[0-9]+$/ {n++; s+=$2; if ($2>m) m=$2} END {if (n) printf "mean %.1f, max %d over %d samples", s/n, m, n; else print "no samples"}' "$DIR/dmon.txt")"
-fi
-say "" "Not in this check: \`serve --workers N\` (front ends in processes of their own) is not built yet."
+dmon_off one
+dmon_on workers
+step "bench server (graphs form, serve --workers $WORKERS: front ends in processes of their own)" "$BUDGET_SERVER_WORKERS" \
+  simulserve bench server --device $DEVICE --step graphs --no-admission --workers "$WORKERS" --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$WORKERS_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_workers.json"
+dmon_off workers
+dmon_on admission
+step "bench server: admission by headroom past capacity (graphs form, one process)" "$BUDGET_ADMISSION" \
+  simulserve bench server --device $DEVICE --step graphs --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$ADMISSION_LEVELS" --overload "$OVERLOAD_LEVELS" --level-seconds 8 --skip throughput,soak \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_admission.json"
+dmon_off admission
 step "evaluate: float32 against bfloat16 (first $EVAL_LIMIT sentences of each set)" "$BUDGET_EVAL" \
   bash -c "for dtype in float32 bfloat16; do
       simulserve evaluate -m $CKPT --label \"GMA \$dtype\" --delta 1 --data '$DATA' \
