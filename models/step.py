@@ -120,6 +120,12 @@ class StreamingDecoder:
             raise StepFormError("the decoder's graphs were captured already; capture happens once, at start-up")
         if self.streams_in_cache:
             raise StepFormError("graphs are captured before any stream starts")
+        if self.device.type == "cuda":   # the whole pool is allocated now: say so plainly if it cannot be
+            need, free = (capacity + 1) * self.pool.bytes_per_slot(), torch.cuda.mem_get_info(self.device)[0]
+            if need > 0.9 * free:
+                raise StepFormError(f"the graphs form allocates its cache for every stream at start-up: {capacity} "
+                                    f"streams need {need / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB of "
+                                    f"{self.device} is free; lower --max-streams")
         self.pool = CachePool(self.cfg, self.device, self.dtype, capacity=capacity + 1, fixed=True)
         self._static_shapes()
         lengths = sorted({self.bucket(n) for n in powers_of_two(self.cfg.max_positions, 8)})

@@ -112,6 +112,20 @@ def measure(model, tok, options=None, forms=None, batches=BATCHES, rounds: int =
     return {f: {b: statistics.median(v) for b, v in t.items()} for f, t in runs.items()}
 
 
+def gpu_form(device: torch.device, dtype: torch.dtype, options=None) -> tuple[str, str]:
+    """`auto` on a GPU: the `graphs` form where it has passed its equivalence tests there (CUDA, float32: graph
+    replay = eager = CPU for every policy, batched = single stream, on an H200; recipes/gpu/check.sh) and no
+    per-row bans are asked for (planned on the host, they cannot be captured); else `default` (sync-free)."""
+    from models.decoding import banning_filters
+    if device.type != "cuda":
+        return REFERENCE, f"not timed on {device.type}: {REFERENCE}"
+    if dtype != torch.float32:
+        return REFERENCE, f"CUDA graphs are tested in float32 only, not {str(dtype).replace('torch.', '')}: {REFERENCE}"
+    if options is not None and banning_filters(options):
+        return REFERENCE, f"no_repeat_ngram / no_stutter are planned per row on the host: {REFERENCE}, not graphs"
+    return "graphs", "CUDA, float32: the decoder step as CUDA graphs captured at start-up"
+
+
 def _cache_key(model, forms, batches) -> str:
     c = model.cfg
     key = {"cpu": cpu_summary(), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -133,7 +147,8 @@ def choose(model, tok, options=None, batches=BATCHES) -> StepChoice:
     forms = candidates(p.device, p.dtype)
     cpu = cpu_summary()["line"] if p.device.type == "cpu" else str(p.device)
     if p.device.type != "cpu":   # the GPU forms are chosen by their own tests and capture, not timed here
-        return StepChoice(REFERENCE, f"not timed on {p.device.type}: {REFERENCE}", {}, cpu)
+        form, reason = gpu_form(p.device, p.dtype, options)
+        return StepChoice(form, reason, {}, cpu)
     if forms == [REFERENCE] or REFERENCE not in forms:
         return StepChoice(forms[0] if forms else REFERENCE, "the only candidate here", {}, cpu)
     path, key = _cache_path(), _cache_key(model, forms, batches)

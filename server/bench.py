@@ -124,10 +124,9 @@ def free_port() -> int:
 
 
 def _max_streams(args) -> int:
-    """No ceiling in the way of the benchmark's speakers; with the `graphs` step form, whose cache pool is
-    allocated whole at start-up, just the most this run opens (its largest level or throughput phase)."""
-    if args.step != "graphs":
-        return 100000
+    """No ceiling in the way of the benchmark's speakers, and no more: the most this run opens (its largest
+    level or throughput phase). The `graphs` step form (the CUDA default) allocates its cache pool for that
+    many streams at start-up."""
     levels = [int(x) for x in f"{args.levels},{args.overload}".split(",") if x.strip()]
     return max(levels + [args.throughput_streams, args.soak_streams or 0]) + 8
 

@@ -32,8 +32,8 @@ FLAGS = {
                                                     "'boundary' (default: the shipped German one)"}),
     "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
     "--workers": ("workers", {"type": int, "help": "front-end processes (websockets, JSON, limits) beside one "
-                                                   "engine process that steps the models (default 1: one "
-                                                   "process; docs/server.md)"}),
+                                                   "engine process that steps the models (default 0: 4 on a "
+                                                   "CUDA GPU with 8+ CPUs, else 1, one process; docs/server.md)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
@@ -140,6 +140,8 @@ def register(sub) -> None:
         p.add_argument(flag, default=None, **kw)
     for flag, (_, help_) in LIST_FLAGS.items():
         p.add_argument(flag, action="append", default=None, help=help_)
+    p.add_argument("--ws-compression", action="store_true", default=None,
+                   help="permessage-deflate on the websockets (default off: messages are tiny)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up sentence per model")
     p.add_argument("--no-admission", action="store_true", help="admit every stream up to --max-streams (the "
                                                                "headroom is still reported; default: refuse a "
@@ -174,6 +176,8 @@ def settings_from_args(args):
         overrides["warmup"] = False
     if args.no_admission:
         overrides["admission"] = False
+    if args.ws_compression:
+        overrides["ws_compression"] = True
     return load_settings(args.config, **overrides)
 
 
@@ -187,6 +191,8 @@ def run(args) -> int:
         return run_ray(args)
     try:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
+        from server.settings import front_end_processes
+        settings.workers = front_end_processes(settings)   # 0: chosen by the device (settings.py)
         if settings.transport.workers > 1:   # one engine process and N front ends (server/workers.py)
             from server.settings import resolve_models
             served = list(resolve_models(settings))   # a bad checkpoint is reported here, once

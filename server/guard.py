@@ -284,4 +284,5 @@ def uvicorn_config(app, settings, **kw) -> uvicorn.Config:
     if settings.transport.forwarded_allow_ips is not None:
         kw.setdefault("forwarded_allow_ips", settings.transport.forwarded_allow_ips)
     return uvicorn.Config(app, http=make_http_protocol(settings, refused), ws=make_ws_protocol(settings, refused),
-                          ws_max_size=4 * settings.limits.max_message_bytes + 1024, **kw)
+                          ws_max_size=4 * settings.limits.max_message_bytes + 1024,
+                          ws_per_message_deflate=settings.transport.ws_compression, **kw)

@@ -354,3 +354,21 @@ def test_disconnect_mid_sentence_frees_the_stream(server):
     for m in ("waitk", "gma", "offline"):
         assert server.wait_metric("simulserve_cache_slots_in_use", 0, model=m) == 0
     assert httpx.get(server.http + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("compression", [False, True])
+def test_permessage_deflate_is_off_unless_asked_for(trained, compression):
+    """A client offering compression (websockets does by default) gets none unless ws_compression is set:
+    a stream's messages are tiny, and deflating each one cost the event loop more than it saved."""
+    async def negotiated(url):
+        ws = await connect(url)
+        try:
+            await ws.send(json.dumps({"type": "start", "model": "gma"}))
+            assert json.loads(await ws.recv())["type"] == "ready"
+            return ws.response.headers.get("Sec-WebSocket-Extensions"), ws.request.headers.get("Sec-WebSocket-Extensions")
+        finally:
+            await ws.close()
+    with LiveServer(models={"gma": str(trained["gma"])}, ws_compression=compression) as srv:
+        answered, offered = asyncio.run(negotiated(srv.url))
+    assert "permessage-deflate" in offered
+    assert (answered is not None and "permessage-deflate" in answered) == compression

@@ -328,12 +328,17 @@ def test_sigterm_closes_open_streams_and_stops_cleanly(trained):
 
 
 def test_workers_setting(monkeypatch):
-    from server.settings import SettingsError, load_settings
-    assert load_settings().workers == 1
+    from server.settings import SettingsError, front_end_processes, load_settings
+    auto = load_settings()
+    assert auto.workers == 0   # auto: chosen by the device
+    assert front_end_processes(auto, "cpu", 16) == 1
+    assert front_end_processes(auto, "cuda", 16) == 4
+    assert front_end_processes(auto, "cuda", 4) == 1   # too few CPUs for processes of their own
     monkeypatch.setenv("SIMULSERVE_WORKERS", "3")
     assert load_settings().workers == 3
+    assert front_end_processes(load_settings(), "cpu", 2) == 3   # a number given is kept
     with pytest.raises(SettingsError, match="workers"):
-        load_settings(workers=0)
+        load_settings(workers=-1)
 
 
 def test_slow_consumers_are_dropped_where_their_messages_wait():

@@ -10,10 +10,10 @@
 # such, so one slow part cannot cost the rest. JSON of every benchmark lands beside REPORT. By default it
 # answers in under 9 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
 # bench step (wall against kernel per batch size, eager sync-free against graphs), bench server with the
-# graphs form without admission from 250 to 4,000 speakers and flat out at 1,024 streams, in one process and
-# with --workers 4, then admission by headroom past capacity; SM utilisation sampled through each server
-# run. The older parts (bfloat16, bench engine, graph breaks of the compiled form, evaluate) have budget 0
-# unless asked for (BUDGET_STEP_BF16=50 and so on).
+# server's defaults (graphs, front ends in processes of their own) without admission from 500 to 4,000
+# speakers and flat out at 1,024 streams, the same in one process, then admission by headroom past
+# capacity; SM utilisation sampled through each server run. The older parts (bfloat16, bench engine, graph
+# breaks of the compiled form, evaluate) have budget 0 unless asked for (BUDGET_STEP_BF16=50 and so on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR="${OUT:-.}"
@@ -31,7 +31,7 @@ BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
 BUDGET_SERVER="${BUDGET_SERVER:-150}"
 BUDGET_GRAPHS="${BUDGET_GRAPHS:-0}"
 BUDGET_EVAL="${BUDGET_EVAL:-0}"
-SERVER_LEVELS="${SERVER_LEVELS:-250,500,1000,2000,4000}"; CLIENT_PROCS="${CLIENT_PROCS:-8}"
+SERVER_LEVELS="${SERVER_LEVELS:-500,1000,1500,2000,4000}"; CLIENT_PROCS="${CLIENT_PROCS:-8}"
 EVAL_LIMIT="${EVAL_LIMIT:-200}"
 # bench step's size: the full sizes take about 18 s per timed run on an H200 (30 runs in float32), more than
 # a time-boxed run's check has; run_boxed.sh asks for fewer sentences, batch sizes and rounds
@@ -44,12 +44,13 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # bench step in two sizes: batch 1 and 8 over few sentences (a step at a time is slow to walk through many),
 # 64 and 256 over enough sentences to fill them
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-32}"
-WORKERS="${WORKERS:-4}"; BUDGET_SERVER_WORKERS="${BUDGET_SERVER_WORKERS:-110}"
-WORKERS_LEVELS="${WORKERS_LEVELS:-1000,2000,4000}"; THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
+BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-100}"; ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
+THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
 # admission by headroom on the GPU: a short ramp, then levels far past it (refused speakers retry)
-BUDGET_ADMISSION="${BUDGET_ADMISSION:-110}"; ADMISSION_LEVELS="${ADMISSION_LEVELS:-500,1000,2000}"
-OVERLOAD_LEVELS="${OVERLOAD_LEVELS:-4000,8000}"
+BUDGET_ADMISSION="${BUDGET_ADMISSION:-120}"; ADMISSION_LEVELS="${ADMISSION_LEVELS:-1000}"
+OVERLOAD_LEVELS="${OVERLOAD_LEVELS:-5000,10000}"
 
+front_end_count() { "$PY" -c 'from server.settings import front_end_processes, load_settings; print(front_end_processes(load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
 if [ ! -f "$DATA/test.de" ] && [ -f .gpu/data.tar.xz ]; then   # the test sets as pack.sh check packs them
   mkdir -p "$DATA" && tar -xJf .gpu/data.tar.xz -C "$DATA"
@@ -105,21 +106,21 @@ dmon_off() {
   kill "$dmon" 2>/dev/null; dmon=
   say "" "SM utilisation during this server run (nvidia-smi dmon, % per second): $(awk '$1 ~ /^[0-9]+$/ {n++; s+=$2; if ($2>m) m=$2} END {if (n) printf "mean %.1f, max %d over %d samples", s/n, m, n; else print "no samples"}' "$DIR/dmon_$1.txt")"
 }
-dmon_on one
-step "bench server (graphs form, one process; $CLIENT_PROCS client processes)" "$BUDGET_SERVER" \
-  simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+dmon_on defaults
+step "bench server, the server's defaults on CUDA (step auto = graphs, workers auto = $(front_end_count)), no admission" "$BUDGET_SERVER" \
+  simulserve bench server --device $DEVICE --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
+dmon_off defaults
+dmon_on one
+step "bench server, graphs form in one process (--workers 1), no admission" "$BUDGET_SERVER_ONE" \
+  simulserve bench server --device $DEVICE --step graphs --workers 1 --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$ONE_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_one.json"
 dmon_off one
-dmon_on workers
-step "bench server (graphs form, serve --workers $WORKERS: front ends in processes of their own)" "$BUDGET_SERVER_WORKERS" \
-  simulserve bench server --device $DEVICE --step graphs --no-admission --workers "$WORKERS" --checkpoint "$CKPT" --input "$DATA/test.de" \
-  --levels "$WORKERS_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
-  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_workers.json"
-dmon_off workers
 dmon_on admission
-step "bench server: admission by headroom past capacity (graphs form, one process)" "$BUDGET_ADMISSION" \
-  simulserve bench server --device $DEVICE --step graphs --checkpoint "$CKPT" --input "$DATA/test.de" \
+step "bench server: admission by headroom past capacity (the defaults)" "$BUDGET_ADMISSION" \
+  simulserve bench server --device $DEVICE --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$ADMISSION_LEVELS" --overload "$OVERLOAD_LEVELS" --level-seconds 8 --skip throughput,soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_admission.json"
 dmon_off admission
