@@ -69,9 +69,12 @@ def int8_available(device: torch.device, dtype: torch.dtype) -> bool:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of x (..., K) divided by its scale so that it spans at most ±ACT_QMAX: (scaled rows,
     scale (..., 1)); FBGEMM rounds the scaled values to integers. A row of zeros (a padded row)
-    gets scale 1 and stays zero."""
-    scale = x.abs().amax(-1, keepdim=True) / ACT_QMAX
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    gets the smallest normal scale and stays zero."""
+    # a zero row's scale raised in place to the smallest normal float rather than replaced by where/ones_like
+    # (its scaled row and product are zeros either way): 3-4 µs less per call of 8-16 µs. (A single-pass
+    # max |x|, linalg.vector_norm(inf) or aminmax, measured 2-7x slower than abs().amax() at 32 rows.)
+    scale = x.abs().amax(-1, keepdim=True).div_(ACT_QMAX)
+    scale.clamp_min_(torch.finfo(x.dtype).tiny)
     return x / scale, scale
 
 
