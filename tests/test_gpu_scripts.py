@@ -50,8 +50,8 @@ def test_train_script_resumes_and_brings_back_a_small_checkpoint(word_tok, tmp_p
 
 
 def check_commands() -> list[list[str]]:
-    """The `simulserve ...` commands check.sh runs (its `step` lines), as argument lists."""
-    text = (GPU / "check.sh").read_text()
+    """The `simulserve ...` commands check.sh runs (its `step` lines and its profile script), as argument lists."""
+    text = (GPU / "check.sh").read_text() + (GPU / "profile_engine.sh").read_text()
     joined = re.sub(r"\\\n\s*", " ", text)
     cmds = []
     for line in joined.splitlines():
@@ -179,3 +179,21 @@ def test_train_curves_plot_the_runs_and_summarise_their_epoch_ends(tmp_path):
     bad = subprocess.run([sys.executable, str(GPU / "train_curves.py"), str(out), str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "updates.jsonl" in bad.stderr
+
+
+def test_profile_summary_counts_each_thread_inclusive_and_self(tmp_path):
+    """recipes/profile_summary.py (the tables of profile_engine.sh) on a raw py-spy profile written by hand."""
+    raw = tmp_path / "profile.txt"
+    raw.write_text("thread (0x1a): engine-m;_core (server/engine.py:300);step (models/step.py:10);gather (models/cache_pool.py:5) 6\n"
+                   "thread (0x1a): engine-m;_core (server/engine.py:300);step (models/step.py:12) 2\n"
+                   "thread (0x1a): engine-m;_core (server/engine.py:301) 2\n"
+                   "thread (7): MainThread;run (asyncio/runners.py:1);send (app.py:9) 1\n")
+    done = subprocess.run([sys.executable, "recipes/profile_summary.py", str(raw), "--top", "5"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("11 samples; per thread: engine-m 10 (91%), MainThread 1 (9%)")
+    engine = out.split("engine-m: functions running itself")[1].split("MainThread")[0]
+    assert "| 60.0% | gather (cache_pool.py) |" in engine and "| 20.0% | step (step.py) |" in engine
+    assert "| 80.0% | step (step.py) |" in out.split("engine-m: functions on the stack")[1]   # two lines, one function
+    assert "_core (engine.py)" not in out.split("engine-m: functions on the stack")[1].split("engine-m:")[0]   # the trunk

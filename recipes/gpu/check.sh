@@ -44,6 +44,7 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # bench step in two sizes: batch 1 and 8 over few sentences (a step at a time is slow to walk through many),
 # 64 and 256 over enough sentences to fill them
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-32}"
+BUDGET_PROFILE="${BUDGET_PROFILE:-70}"   # profile_engine.sh: py-spy on the engine process at PROFILE_SPEAKERS
 BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-100}"; ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
 THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
 # admission by headroom on the GPU: a short ramp, then levels far past it (refused speakers retry)
@@ -112,6 +113,8 @@ step "bench server, the server's defaults on CUDA (step auto = graphs, workers a
   --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
 dmon_off defaults
+step "profile of the process that steps the models at ${PROFILE_SPEAKERS:-1000} speakers (py-spy; recipes/gpu/profile_engine.sh)" "$BUDGET_PROFILE" \
+  env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" CLIENT_PROCS="$CLIENT_PROCS" bash recipes/gpu/profile_engine.sh "$DIR"
 dmon_on one
 step "bench server, graphs form in one process (--workers 1), no admission" "$BUDGET_SERVER_ONE" \
   simulserve bench server --device $DEVICE --step graphs --workers 1 --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \

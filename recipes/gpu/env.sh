@@ -16,6 +16,7 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+if [ -d "$SITE/bin" ]; then export PATH="$SITE/bin:$PATH"; fi   # the carried tools (py-spy)
 # a shim rather than a shell function: `timeout` cannot run a function
 mkdir -p /tmp/simulserve-bin
 printf '#!/bin/sh\nexec %s -m clients.cli "$@"\n' "$(command -v "$PY")" > /tmp/simulserve-bin/simulserve

@@ -23,6 +23,8 @@ WHEELS=(pydantic pydantic_core pydantic-settings annotated-types typing-inspecti
         fastapi starlette annotated-doc uvicorn websockets anyio typing_extensions
         opentelemetry-api    # fastapi >= 0.16x imports it (the first GPU check's server step died without it)
         httptools)           # uvicorn's HTTP protocol, which server/guard.py subclasses (the second one's did)
+# tools the check runs (never imported by the project), at the versions measured with
+TOOLS=(py-spy==0.4.3)        # the sampling profiler of recipes/gpu/profile_engine.sh
 
 case "$WHAT" in
 check)
@@ -35,7 +37,7 @@ check)
   done
   "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .gpu/whl "${specs[@]}"
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .gpu/whl "${specs[@]}" "${TOOLS[@]}"
   # compressed (0.4 of 1.9 MB): the tree, the wheels and the training data leave little of the 64 MiB
   (cd "$DATA" && tar -cf - spm.model test.*.de test.*.en test.de test.en | xz -9 -T1) > .gpu/data.tar.xz
   ;;
