@@ -207,7 +207,9 @@ class StreamingDecoder:
             elif s.queue:
                 out[i] = self._write(s, s.queue.pop(0))
             elif self._must_read(s):
-                out[i] = self._read(s, self._quick_need(s))
+                # s.need: what the last decoder trial asked for (a GMA window, or one more word after an
+                # early EOS), never less than the policy's own rule
+                out[i] = self._read(s, s.policy.need(s))
             elif len(s.target_tokens) >= self._max_target_len(s):
                 out[i] = self._write(s, self.cfg.eos_id)
             else:
@@ -270,11 +272,6 @@ class StreamingDecoder:
         if s.available < s.need:
             return True
         return s.policy.must_read(s)
-
-    def _quick_need(self, s: StreamState) -> float:
-        # s.need: what the last decoder trial asked for (a GMA window, or one more word after
-        # an early EOS), never less than the policy's own rule
-        return s.policy.need(s)
 
     def _read(self, s: StreamState, need: float) -> StepOutput:
         """READ: take words from the inbox until `need` source positions are there
