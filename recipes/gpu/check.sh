@@ -8,11 +8,12 @@
 #
 # Each step has its own time budget (BUDGET_* below, seconds) and a step that runs out is reported as
 # such, so one slow part cannot cost the rest. JSON of every benchmark lands beside REPORT. By default it
-# answers in under 9 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
+# answers in about 8 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
 # bench step (wall against kernel per batch size, eager sync-free against graphs), bench server with the
 # server's defaults (graphs, front ends in processes of their own) without admission from 500 to 4,000
-# speakers and flat out at 1,024 streams, the same in one process, then admission by headroom past
-# capacity; SM utilisation sampled through each server run. The older parts (bfloat16, bench engine, graph
+# speakers and flat out at 1,024 streams, a py-spy profile of the engine process at 1,000 speakers, then
+# admission by headroom past capacity; SM utilisation sampled through each server run (the same server in
+# one process: BUDGET_SERVER_ONE=100). The older parts (bfloat16, bench engine, graph
 # breaks of the compiled form, evaluate) have budget 0 unless asked for (BUDGET_STEP_BF16=50 and so on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,7 +46,7 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # 64 and 256 over enough sentences to fill them
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-32}"
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"   # profile_engine.sh: py-spy on the engine process at PROFILE_SPEAKERS
-BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-100}"; ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
+BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-0}"   # one process: measured at a5b9004 (docs/benchmarks.md); 100 runs it; ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
 THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
 # admission by headroom on the GPU: a short ramp, then levels far past it (refused speakers retry)
 BUDGET_ADMISSION="${BUDGET_ADMISSION:-120}"; ADMISSION_LEVELS="${ADMISSION_LEVELS:-1000}"
