@@ -51,7 +51,7 @@ def test_train_script_resumes_and_brings_back_a_small_checkpoint(word_tok, tmp_p
 
 def check_commands() -> list[list[str]]:
     """The `simulserve ...` commands check.sh runs (its `step` lines and its profile script), as argument lists."""
-    text = (GPU / "check.sh").read_text() + (GPU / "profile_engine.sh").read_text()
+    text = "".join((GPU / name).read_text() for name in ("check.sh", "profile_engine.sh", "two_servers.sh"))
     joined = re.sub(r"\\\n\s*", " ", text)
     cmds = []
     for line in joined.splitlines():

@@ -11,10 +11,11 @@
 # answers in about 8 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
 # bench step (wall against kernel per batch size, eager sync-free against graphs), bench server with the
 # server's defaults (graphs, front ends in processes of their own) without admission from 500 to 4,000
-# speakers and flat out at 1,024 streams, a py-spy profile of the engine process at 1,000 speakers, then
-# admission by headroom past capacity; SM utilisation sampled through each server run (the same server in
-# one process: BUDGET_SERVER_ONE=100). The older parts (bfloat16, bench engine, graph
-# breaks of the compiled form, evaluate) have budget 0 unless asked for (BUDGET_STEP_BF16=50 and so on).
+# speakers and flat out at 1,024 streams, a py-spy profile of the engine process at 1,000 speakers, and two
+# servers sharing the GPU with half the speakers each; SM utilisation sampled through each server run. Off
+# unless given a budget: parts measured already (the same server in one process, BUDGET_SERVER_ONE=100;
+# admission past capacity, BUDGET_ADMISSION=120) and the older ones (bfloat16, bench engine, graph breaks
+# of the compiled form, evaluate: BUDGET_STEP_BF16=50 and so on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR="${OUT:-.}"
@@ -45,11 +46,14 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # bench step in two sizes: batch 1 and 8 over few sentences (a step at a time is slow to walk through many),
 # 64 and 256 over enough sentences to fill them
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-32}"
-BUDGET_PROFILE="${BUDGET_PROFILE:-70}"   # profile_engine.sh: py-spy on the engine process at PROFILE_SPEAKERS
-BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-0}"   # one process: measured at a5b9004 (docs/benchmarks.md); 100 runs it; ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
+BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
+BUDGET_TWO="${BUDGET_TWO:-90}"   # two_servers.sh: two servers on the one GPU, half the speakers each   # profile_engine.sh: py-spy on the engine process at PROFILE_SPEAKERS
+BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-0}"   # one process: measured at a5b9004 (docs/benchmarks.md); 100 runs it
+ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
 THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
 # admission by headroom on the GPU: a short ramp, then levels far past it (refused speakers retry)
-BUDGET_ADMISSION="${BUDGET_ADMISSION:-120}"; ADMISSION_LEVELS="${ADMISSION_LEVELS:-1000}"
+BUDGET_ADMISSION="${BUDGET_ADMISSION:-0}"   # measured at 74315ca (docs/server.md); 120 runs it again
+ADMISSION_LEVELS="${ADMISSION_LEVELS:-1000}"
 OVERLOAD_LEVELS="${OVERLOAD_LEVELS:-5000,10000}"
 
 front_end_count() { "$PY" -c 'from server.settings import front_end_processes, load_settings; print(front_end_processes(load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
@@ -122,6 +126,10 @@ step "bench server, graphs form in one process (--workers 1), no admission" "$BU
   --levels "$ONE_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_one.json"
 dmon_off one
+dmon_on two
+step "two servers on the one GPU, half the speakers each (recipes/gpu/two_servers.sh; levels per server: ${TWO_LEVELS:-500,1000})" "$BUDGET_TWO" \
+  env DEVICE="$DEVICE" DATA="$DATA" CKPT="$CKPT" CLIENT_PROCS="$CLIENT_PROCS" bash recipes/gpu/two_servers.sh "$DIR"
+dmon_off two
 dmon_on admission
 step "bench server: admission by headroom past capacity (the defaults)" "$BUDGET_ADMISSION" \
   simulserve bench server --device $DEVICE --checkpoint "$CKPT" --input "$DATA/test.de" \
