@@ -8,7 +8,7 @@
 # SECONDS: the wall time the whole command may take (keep it under the command limit; TRAIN_MINUTES=M
 # fixes the training time instead). Carry `.gpu`
 # (`bash recipes/gpu/pack.sh check` and `pack.sh train` here first). What comes back, at most 8 files:
-#   $OUT/gpu_check.md, $OUT/check_json.tar (the benchmarks' JSON),
+#   $OUT/gpu_check.md, $OUT/check_files.tar (the benchmarks' JSON, logs, dmon samples and the engine's profile),
 #   per run $OUT/NAME/model.safetensors (fp16) and $OUT/NAME/run.tar (config.json, logs, progress).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +23,9 @@ tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpac
 # check.sh's own budgets (under 5 minutes: the CUDA-graph tests, bench step, bench server with the graphs
 # form); its older parts stay at budget 0 unless set here.
 bash recipes/gpu/check.sh "$DEST/gpu_check.md"
-(cd "$DEST" && compgen -G "*.json" >/dev/null && tar -cf check_json.tar *.json && rm -f *.json)
+# everything else the check wrote beside its report, in one file (the device returns at most 8)
+(cd "$DEST" && files=$(find . -maxdepth 1 -type f ! -name gpu_check.md -printf '%P\n') && [ -n "$files" ] \
+   && tar -cf check_files.tar $files && rm -f $files)
 wait "$untar" || { echo "could not unpack ${TRAIN_TAR:-.gpu/train.tar.xz}"; exit 2; }
 
 # what is left, less ~40 s of loading before training starts and ~35 s of export and packing after it
