@@ -352,6 +352,8 @@ def front_end_processes(settings: ServerSettings, device_type: str | None = None
     process; on a 2-core CPU one process kept as many speakers (docs/server.md#several-processes---workers-n)."""
     if settings.transport.workers:
         return settings.transport.workers
+    if device_type is None and settings.serving.device == "cpu":
+        device_type = "cpu"   # (no torch import in the parent process for that)
     if device_type is None:
         from models.checkpoint import pick_device
         device_type = pick_device(settings.serving.device).type
