@@ -43,9 +43,9 @@ TESTS_K="${TESTS_K:-}"   # pytest -k: run_boxed.sh runs only the tests that use 
 # the graph-replay tests only by default: the compiled form's CUDA tests (tests/test_device_state.py) compile
 # for minutes (TEST_FILES="tests/test_cuda_graphs.py tests/test_device_state.py" runs them too)
 TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
-# bench step in two sizes: batch 1 and 8 over few sentences (a step at a time is slow to walk through many),
-# 64 and 256 over enough sentences to fill them
-SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-32}"
+# bench step in two sizes: batch 1 and 8 over few sentences (a step at a time is slow to walk through many: 32
+# sentences did not finish in 40 s on the H200), 64 and 256 over enough sentences to fill them (37 s there)
+SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-8}"
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
 BUDGET_TWO="${BUDGET_TWO:-90}"   # two_servers.sh: two servers on the one GPU, half the speakers each   # profile_engine.sh: py-spy on the engine process at PROFILE_SPEAKERS
 BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-0}"   # one process: measured at a5b9004 (docs/benchmarks.md); 100 runs it
