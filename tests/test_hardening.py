@@ -362,22 +362,28 @@ def test_a_trusted_proxy_gives_the_client_address(trained):
         assert codes(c) == ["too_many_connections"]               # the same client twice
 
 
+def failed_keys_per_address_are_limited(srv, key: str = KEY) -> None:
+    """Against a server with api_keys=[key], max_auth_failures_per_ip=3 (also test_workers.py's, several processes):
+    three wrong keys from one address, then that address is refused even with the right key; another gets in."""
+    auth = {"additional_headers": {"Authorization": f"Bearer {key}"}}
+
+    async def main():
+        wrong = [await talk(srv.url + f"?token=guess{i}", [START]) for i in range(5)]
+        right_here = await talk(srv.url, [START] + TAIL, **auth)
+        right_elsewhere = await talk(srv.url, [START] + TAIL, local_addr=("127.0.0.3", 0), **auth)
+        return wrong, right_here, right_elsewhere
+
+    wrong, (here, here_code), (elsewhere, elsewhere_code) = asyncio.run(main())
+    assert [codes(r)[0] for r, _ in wrong] == ["unauthorized"] * 3 + ["too_many_auth_failures"] * 2
+    assert codes(here) == ["too_many_auth_failures"] and here_code == 1008   # even with the right key
+    assert elsewhere_code == 1000 and elsewhere[-1]["type"] == "end"
+    assert srv.metric("simulserve_refusals_total", reason="ip_auth_failures") == 3
+
+
 def test_failed_keys_per_address_are_limited(trained):
     with LiveServer(models={"waitk": str(trained["waitk"])}, api_keys=[KEY], max_auth_failures_per_ip=3,
                     auth_failure_window_s=60) as srv:
-        auth = {"additional_headers": {"Authorization": f"Bearer {KEY}"}}
-
-        async def main():
-            wrong = [await talk(srv.url + f"?token=guess{i}", [START]) for i in range(5)]
-            right_here = await talk(srv.url, [START] + TAIL, **auth)
-            right_elsewhere = await talk(srv.url, [START] + TAIL, local_addr=("127.0.0.3", 0), **auth)
-            return wrong, right_here, right_elsewhere
-
-        wrong, (here, here_code), (elsewhere, elsewhere_code) = asyncio.run(main())
-        assert [codes(r)[0] for r, _ in wrong] == ["unauthorized"] * 3 + ["too_many_auth_failures"] * 2
-        assert codes(here) == ["too_many_auth_failures"] and here_code == 1008   # even with the right key
-        assert elsewhere_code == 1000 and elsewhere[-1]["type"] == "end"
-        assert srv.metric("simulserve_refusals_total", reason="ip_auth_failures") == 3
+        failed_keys_per_address_are_limited(srv)
 
 
 # ---------------------------------------------------------------- 8. the smaller items

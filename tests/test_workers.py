@@ -257,19 +257,7 @@ def test_failed_keys_and_connections_per_address_count_across_front_ends(trained
     key = "workers-key"
     with WorkersServer(models={"waitk": str(trained["waitk"])}, api_keys=[key], max_auth_failures_per_ip=3,
                        auth_failure_window_s=60) as srv:
-        auth = {"additional_headers": {"Authorization": f"Bearer {key}"}}
-
-        async def main():
-            wrong = [await talk(srv.url + f"?token=guess{i}", [START]) for i in range(5)]
-            here = await talk(srv.url, [START] + TAIL, **auth)
-            elsewhere = await talk(srv.url, [START] + TAIL, local_addr=("127.0.0.3", 0), **auth)
-            return wrong, here, elsewhere
-
-        wrong, (here, here_code), (elsewhere, elsewhere_code) = asyncio.run(main())
-        assert [codes(r)[0] for r, _ in wrong] == ["unauthorized"] * 3 + ["too_many_auth_failures"] * 2
-        assert codes(here) == ["too_many_auth_failures"] and here_code == 1008
-        assert elsewhere_code == 1000 and elsewhere[-1]["type"] == "end"
-        assert srv.metric("simulserve_refusals_total", reason="ip_auth_failures") == 3
+        hardening.failed_keys_per_address_are_limited(srv, key)
         assert srv.metric("simulserve_errors_total", code="unauthorized") == 3   # counted by the front ends
 
 
