@@ -160,8 +160,10 @@ class StreamingDecoder:
             self.pool.release(s.slot)
             s.slot = None
 
-    def push(self, s: StreamState, words: list[str] | str) -> int:
-        """Receive source words (a string is split on whitespace); returns words added.
+    def push(self, s: StreamState, words: list[str] | str, encoded: list[list[int]] | None = None) -> int:
+        """Receive source words (a string is split on whitespace); returns words added. `encoded`: each word's
+        subwords (`tok.encode_word`) where the caller has them already (the server's length check), for words
+        without whitespace; else they are encoded here.
 
         Received words wait in the stream's inbox; the policy READs them one at a
         time, so the output and its delays do not depend on how words were chunked.
@@ -175,7 +177,8 @@ class StreamingDecoder:
             if not isinstance(w, str):
                 raise StreamError(f"source words must be strings, got {type(w).__name__}")
             parts.extend(w.split())
-        encoded = [self.tok.encode_word(w) for w in parts]
+        if encoded is None or len(encoded) != len(parts):   # (a word held whitespace: split here, encode here)
+            encoded = [self.tok.encode_word(w) for w in parts]
         total = len(s.source_tokens) + sum(len(x) for _, x in s.inbox) + sum(map(len, encoded)) + 1  # + EOS
         if total > self.cfg.max_positions:
             raise SourceTooLong(

@@ -545,23 +545,24 @@ class Session:
                                 f"exceed max_backlog_words={limits.max_backlog_words}: message rejected, resend later",
                                 msg_id, rejected_words=n)
         limit = eng.cfg.max_positions - 1   # the source EOS takes one position
-        counts, ow, osw = [], self.open_words, self.open_subwords
+        encoded, ow, osw = [], self.open_words, self.open_subwords
         for ws, ends in plan:
-            sw = eng.count_subwords(ws)
+            pieces = eng.encode_words(ws)   # once: the engine takes them with the words
+            sw = sum(map(len, pieces))
             if ow + len(ws) > limits.max_words_per_sentence or osw + sw > limit:
                 raise ProtocolError("sentence_too_long", f"the sentence would have {ow + len(ws)} words "
                                     f"({osw + sw} subwords); the limits are {limits.max_words_per_sentence} words and "
                                     f"{limit} subwords: message rejected, end the sentence earlier",
                                     msg_id, rejected_words=n)
-            counts.append(sw)
+            encoded.append(pieces)
             ow, osw = (0, 0) if ends else (ow + len(ws), osw + sw)
         self.partial = partial
         t = time.monotonic()
-        for (ws, ends), sw in zip(plan, counts):
+        for (ws, ends), pieces in zip(plan, encoded):
             if ws:
-                eng.push(self.h, ws, t)
+                eng.push(self.h, ws, t, pieces)
             self.open_words += len(ws)
-            self.open_subwords += sw
+            self.open_subwords += sum(map(len, pieces))
             if self.boundary is not None:
                 self.open_text.extend(ws)
             if ends:

@@ -43,9 +43,11 @@ _ids = itertools.count(1)
 
 @dataclasses.dataclass(frozen=True)
 class PushWords:
-    """Source words accepted by the handler (protocol `words`/`text`), with their arrival time."""
+    """Source words accepted by the handler (protocol `words`/`text`), with their arrival time and their subwords
+    (the handler encodes them once, to check the sentence's length: the engine does not encode them again)."""
     words: list[str]
     t: float
+    pieces: list[list[int]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +146,9 @@ class ModelEngine:
         p.check_limits(self.max_k, self.max_delta)
         return p
 
-    def count_subwords(self, words: list[str]) -> int:
-        return sum(len(self.tok.encode_word(w)) for w in words)
+    def encode_words(self, words: list[str]) -> list[list[int]]:
+        """Each word's subwords (the handler's length check, then the step: see PushWords)."""
+        return [self.tok.encode_word(w) for w in words]
 
     def attach(self, policy: Policy, out: asyncio.Queue, kill=None) -> StreamHandle:
         h = StreamHandle(policy, out, kill)
@@ -154,9 +157,9 @@ class ModelEngine:
         self.metrics.model_streams.labels(self.name).inc()
         return h
 
-    def push(self, h: StreamHandle, words: list[str], t: float) -> None:
+    def push(self, h: StreamHandle, words: list[str], t: float, pieces: list[list[int]] | None = None) -> None:
         h.received += len(words)
-        h.commands.append(PushWords(words, t))
+        h.commands.append(PushWords(words, t, pieces))
         self.metrics.words_in.labels(self.name).inc(len(words))
         self._wake_for(h)
 
@@ -482,7 +485,7 @@ class ModelEngine:
                     s = h.state = self.dec.new_stream(policy=h.policy)
                     h.arrivals, h.first_arrival, h.end_time, h.compute = [], cmd.t, cmd.t, 0.0
                 try:
-                    self.dec.push(s, cmd.words)
+                    self.dec.push(s, cmd.words, encoded=cmd.pieces)
                 except StreamError:
                     h.read_before += len(cmd.words)  # refused: they will never be read
                     raise

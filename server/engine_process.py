@@ -194,7 +194,7 @@ class EngineProcess:
         eng, h = found
         cmd = m.command
         if isinstance(cmd, PushWords):
-            eng.push(h, cmd.words, cmd.t)
+            eng.push(h, cmd.words, cmd.t, cmd.pieces)
         elif isinstance(cmd, EndSentence):
             eng.end_sentence(h, cmd.t)
         elif isinstance(cmd, EndStream):

@@ -62,7 +62,7 @@ class ReportedHeadroom:
 class RemoteEngine:
     """One model as a front end sees it (the part of ModelEngine's handler API that Session uses)."""
     policy_for = ModelEngine.policy_for            # the same checks, on the same config
-    count_subwords = ModelEngine.count_subwords
+    encode_words = ModelEngine.encode_words
 
     def __init__(self, name: str, path: Path, settings: ServerSettings, front: FrontEndState):
         self.name, self.front = name, front
@@ -75,9 +75,9 @@ class RemoteEngine:
     def info(self) -> dict:
         return self.described
 
-    def push(self, h: RemoteHandle, words: list[str], t: float) -> None:
+    def push(self, h: RemoteHandle, words: list[str], t: float, pieces: list[list[int]] | None = None) -> None:
         h.received += len(words)
-        self.front.link.send(ToStream(h.id, PushWords(words, t)))
+        self.front.link.send(ToStream(h.id, PushWords(words, t, pieces)))
 
     def end_sentence(self, h: RemoteHandle, t: float) -> None:
         self.front.link.send(ToStream(h.id, EndSentence(t)))

@@ -20,7 +20,7 @@ import uvicorn
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from conftest import decoder_from
+from conftest import decoder_from, random_decoder
 from models.data.synthetic import make_pairs
 from models.translate import simulate
 from server.app import create_app
@@ -372,3 +372,28 @@ def test_permessage_deflate_is_off_unless_asked_for(trained, compression):
         answered, offered = asyncio.run(negotiated(srv.url))
     assert "permessage-deflate" in offered
     assert (answered is not None and "permessage-deflate" in answered) == compression
+
+
+def test_each_source_word_is_encoded_once(trained, monkeypatch):
+    """The handler encodes a word to check the sentence's length and hands the subwords to the engine, whose
+    step does not encode it again (that work would fall on the stepping thread, the server's bottleneck)."""
+    from models.tokenizer import Tokenizer
+    sentences = ["a b c d", "e f g"]
+    with LiveServer(models={"gma": str(trained["gma"])}) as srv:
+        calls = []
+        encode_word = Tokenizer.encode_word
+        monkeypatch.setattr(Tokenizer, "encode_word", lambda self, w: calls.append(w) or encode_word(self, w))
+        msgs = [{"type": "start", "model": "gma"}] + sentence_messages(sentences, "groups") + [{"type": "end_stream"}]
+        received, code = asyncio.run(talk(srv.url, msgs))
+    assert code == 1000 and [m["type"] for m in received].count("sentence") == 2
+    assert sorted(calls) == sorted(" ".join(sentences).split())
+
+
+def test_push_takes_the_callers_subwords_and_encodes_only_without_them(word_tok):
+    dec = random_decoder(word_tok, "waitk")
+    s = dec.new_stream()
+    dec.push(s, ["a", "b"], encoded=[[7], [8, 9]])
+    assert [pieces for _, pieces in s.inbox] == [[7], [8, 9]]
+    t = dec.new_stream()
+    dec.push(t, ["a b"], encoded=[[7]])   # a word with whitespace: split, and encoded here
+    assert [pieces for _, pieces in t.inbox] == [word_tok.encode_word("a"), word_tok.encode_word("b")]
