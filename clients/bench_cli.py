@@ -61,10 +61,13 @@ def register(sub) -> None:
                "                  zero_), views (view, reshape, select, slice, transpose, ...) and dropout,\n"
                "                  not called by one of those, calling no other compute operator\n"
                "  wall/kernel     the host's share (1 = nothing but kernels)\n"
+               "  operators/step  aten:: operators the step's Python code dispatched (none enclosing\n"
+               "                  them): host time each, a kernel launch each on a GPU unless graphed\n"
                "  uploads/step    aten::lift_fresh events: tensors made from Python values (a host->device\n"
                "                  copy on a GPU)\n"
                "  reads/step      aten::_local_scalar_dense + aten::nonzero events + Tensor.tolist/numpy/cpu\n"
                "                  calls: device->host reads the host waits for on a GPU\n"
+               "  launches/step (CUDA only)  cudaLaunchKernel(ExC), cuLaunchKernel(Ex) and cudaGraphLaunch calls\n"
                "  memcpy/step, syncs/step (CUDA only)  Memcpy HtoD/DtoH activities and\n"
                "                  cudaStreamSynchronize/cudaDeviceSynchronize/cudaEventSynchronize calls",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -232,15 +235,17 @@ def run_step(args) -> int:
     print(f"\nhost overhead of the fast step: wall time (median of {args.rounds} rounds) against kernel time "
           f"({'GPU activities' if cuda else 'CPU compute operators'}, one profiled round); "
           "`simulserve bench step -h` defines each column")
-    print("| step | batch size | steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | uploads/step | reads/step | "
-          + ("memcpy/step | syncs/step | " if cuda else "") + "identical | same as first |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cuda else "") + ":---:|:---:|")
+    print("| step | batch size | steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | operators/step | "
+          "uploads/step | reads/step | " + ("launches/step | memcpy/step | syncs/step | " if cuda else "")
+          + "identical | same as first |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if cuda else "") + ":---:|:---:|")
     for r in host:
-        extra = f"{r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | " if cuda else ""
+        extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | "
+                 if cuda else "")
         ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
         print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | "
               f"{r['kernel_ms_per_step']:.3f} | {r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {ratio} | "
-              f"{r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
+              f"{r['operators_per_step']:.0f} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
               f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
     if choice is not None:
         print(f"\n--step auto here: {choice.reason}; ms per step while streams translate a sentence word by "

@@ -23,6 +23,12 @@ NEG_INF = float("-inf")
 CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout, and at inference no call at all (F.dropout is then the identity, but still an operator a
+    streaming step would dispatch ~20 times)."""
+    return F.dropout(x, p, training) if training else x
+
+
 def fused_attention(q, k, v, mask) -> torch.Tensor:
     """scaled_dot_product_attention with the logits pre-scaled; on CUDA without the cuDNN backend."""
     if q.is_cuda:
@@ -101,7 +107,7 @@ class MultiHeadAttention(nn.Module):
         logits = logits + mask if prior is not None else logits.masked_fill(~mask, NEG_INF)
         weights = torch.softmax(logits, dim=-1)
         weights = torch.where(allowed.any(-1, keepdim=True).unsqueeze(1), weights, torch.zeros_like(weights))
-        w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
+        w = dropout(weights, self.dropout, self.training).to(v.dtype)
         return self.out_proj(self.merge(torch.matmul(w, v))), weights
 
     def attend_variant(self, q, k, v, allowed, prior=None, tau=None, reweight=None):
@@ -121,7 +127,7 @@ class MultiHeadAttention(nn.Module):
         weights = torch.where(allowed.any(-1, keepdim=True).unsqueeze(1), weights, torch.zeros_like(weights))
         if reweight is not None:
             weights = reweight(weights) * allowed.unsqueeze(1)
-        w = F.dropout(weights, p=self.dropout, training=self.training).to(v.dtype)
+        w = dropout(weights, self.dropout, self.training).to(v.dtype)
         ctx = self.merge(torch.matmul(w, v))
         return self.out_proj(ctx), weights, ctx
 

@@ -207,9 +207,10 @@ class CachePool:
                ) -> list[tuple[torch.Tensor, ...]]:
         """Per layer, the (B, H, length, dk) cache of the given slots.
 
-        One slot (a lone stream, `lone` its number as a host int) gets a view, not a copy:
-        the model only reads caches (its new keys come back to the caller, which writes
-        them with `write`)."""
+        One index_select per layer: on a layer (slots first) it copies whole rows; one call over every layer
+        (slots the second dimension of a sliced, non-contiguous block) measured 100x slower. One slot (a lone
+        stream, `lone` its number as a host int) gets a view, not a copy: the model only reads caches (its new
+        keys come back to the caller, which writes them with `write_layers`)."""
         t = self.tensors[name][:, :, :, : max(length, 1)]
         if lone is not None:
             return [t[layer, lone:lone + 1] for layer in range(t.shape[0])]
@@ -220,7 +221,7 @@ class CachePool:
         return list(zip(self.gather(prefix + "_k", slots, length, lone),
                         self.gather(prefix + "_v", slots, length, lone)))
 
-    def write(self, name: str, layer: int, slots: torch.Tensor, positions: torch.Tensor,
-              values: torch.Tensor) -> None:
-        """values (M, H, dk) go to (slots[m], layer, :, positions[m])."""
-        self.tensors[name][layer][slots, :, positions] = values.to(self.dtype)
+    def write_layers(self, name: str, slots: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> None:
+        """values (M, L, H, dk) go to (layer, slots[m], :, positions[m]) for the first L layers (a step that
+        stopped early computed only those), in one write."""
+        self.tensors[name][: values.shape[1], slots, :, positions] = values.to(self.dtype)

@@ -1,4 +1,4 @@
-"""The decoder step as CUDA graphs, captured once at start-up (the `graphs` step form).
+"""The decoder step and the encoder's chunk step as CUDA graphs, captured once at start-up (the `graphs` form).
 
 A decoder step of a few hundred rows is ~0.5 ms of kernels and several ms of Python and kernel launches
 (docs/benchmarks.md). A CUDA graph replays all of its kernels with one launch. What makes the step
@@ -9,6 +9,12 @@ capturable:
   the batch's slots, copied into the graph's own slot tensor; everything else a step reads is in the pool
   (models/slot_state.py), which the host changes between replays with small eager writes;
 - no host read inside: the form is sync-free and the token filters that ban per row are off.
+
+The causal encoder's chunk step (the new source subwords of every stream that read words) is captured too,
+per batch, chunk width (1, 2, 4, 8 subwords) and cache length: in a loaded server nearly every step
+encodes something, and eagerly that is ~220 operators, each a launch on a GPU. Its padding (rows of the
+scratch slot, positions past a row's new subwords) writes only into the scratch slot. A wider chunk (a
+sentence pushed whole) runs eagerly on the same fixed pool, which is just as correct.
 
 Captured like vLLM does (facts from its gpu_model_runner: capture at start-up, largest first into one
 memory pool, garbage collection frozen, on the thread that replays, none afterwards): `capture()` runs once,
@@ -39,13 +45,24 @@ def powers_of_two(up_to: int, start: int = 1) -> list[int]:
 
 
 class DecoderGraphs:
-    def __init__(self, decoder, batch_sizes: list[int], lengths: list[int]):
+    """The captured steps of one decoder: the decoder step per (batch, cache length), and the causal encoder's
+    chunk step per (batch, chunk width, cache length). With the server's 256-stream batches that is 54
+    decoder graphs and 216 encoder graphs, captured in one memory pool (a graph's buffers are reused by the
+    next: they never run at the same time)."""
+
+    def __init__(self, decoder, batch_sizes: list[int], lengths: list[int], widths: list[int] | None = None):
         self.dec = decoder
         self.sizes, self.lengths = sorted(batch_sizes), sorted(lengths)
+        # the encoder's chunk widths (new source subwords per stream in one step); none for a bidirectional
+        # encoder, which runs once per sentence, eagerly
+        self.widths = sorted(widths or []) if decoder.cfg.causal_encoder else []
         self.cuda = decoder.device.type == "cuda"
-        self.entries: dict[tuple[int, int], tuple] = {}   # (batch, length) -> (graph | None, slots, decisions)
+        # (batch, length) -> (graph | None, static inputs, outputs) for the decoder step;
+        # ("enc", batch, width, length) -> the same for the encoder's chunk step
+        self.entries: dict[tuple, tuple] = {}
         self.sealed = False
         self.replays = 0
+        self.encoder_replays = 0
         self.mempool = torch.cuda.graph_pool_handle() if self.cuda else None
 
     def length(self, t_max: int, a_max: int) -> int:
@@ -54,43 +71,59 @@ class DecoderGraphs:
 
     @torch.inference_mode()
     def capture(self) -> dict:
-        """Every (batch, length) graph, largest first into one memory pool, GC frozen; then no more.
+        """Every graph, largest first into one memory pool, GC frozen; then no more.
         Returns what it took: graphs, seconds, device bytes."""
         if self.sealed:
             raise GraphShapeError("the decoder's graphs were captured already; capture happens once, at start-up")
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.dec.device)[0] if self.cuda else 0
+        dec = self.dec
         gc.collect()
         gc.freeze()   # a collection during capture could free tensors the graph still records into
         try:
             for b in reversed(self.sizes):
                 for n in reversed(self.lengths):
-                    self._capture_one(b, n)
+                    slots = torch.full((b,), dec.scratch, dtype=torch.long, device=dec.device)
+                    self._capture_one((b, n), lambda x, n=n: dec._decode_core(x, n, n)[0], slots)
+                    for w in reversed(self.widths):
+                        tokens = torch.full((b, w), dec.cfg.pad_id, dtype=torch.long, device=dec.device)
+                        rows = torch.zeros(b, 3, dtype=torch.long, device=dec.device)
+                        rows[:, 0] = dec.scratch
+                        self._capture_one(("enc", b, w, n), lambda x, r, n=n: dec._encode_core(x, r, n), tokens, rows)
         finally:
             gc.unfreeze()
         if self.cuda:
-            torch.cuda.synchronize(self.dec.device)
+            torch.cuda.synchronize(dec.device)
         self.sealed = True
-        used = free0 - torch.cuda.mem_get_info(self.dec.device)[0] if self.cuda else 0
-        return {"graphs": len(self.entries), "seconds": time.perf_counter() - t0, "bytes": used,
-                "batch_sizes": self.sizes, "lengths": self.lengths, "replayed": self.cuda}
+        used = free0 - torch.cuda.mem_get_info(dec.device)[0] if self.cuda else 0
+        return {"graphs": len(self.entries), "encoder_graphs": sum(k[0] == "enc" for k in self.entries),
+                "seconds": time.perf_counter() - t0, "bytes": used, "batch_sizes": self.sizes,
+                "lengths": self.lengths, "widths": self.widths, "replayed": self.cuda}
 
-    def _capture_one(self, b: int, n: int) -> None:
-        dec = self.dec
-        slots = torch.full((b,), dec.scratch, dtype=torch.long, device=dec.device)
+    def _capture_one(self, key: tuple, fn, *static: torch.Tensor) -> None:
+        """fn(*static) recorded as a graph reading `static` (the buffers each replay copies its inputs into)."""
         if not self.cuda:   # the same fixed shapes and buffers, run eagerly
-            self.entries[(b, n)] = (None, slots, None)
+            self.entries[key] = (None, static, fn)
             return
-        side = torch.cuda.Stream(dec.device)   # warm-up off the capture stream (lazy inits, workspaces)
-        side.wait_stream(torch.cuda.current_stream(dec.device))
+        side = torch.cuda.Stream(self.dec.device)   # warm-up off the capture stream (lazy inits, workspaces)
+        side.wait_stream(torch.cuda.current_stream(self.dec.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                dec._decode_core(slots, n, n)
-        torch.cuda.current_stream(dec.device).wait_stream(side)
+                fn(*static)
+        torch.cuda.current_stream(self.dec.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mempool):
-            decided, _ = dec._decode_core(slots, n, n)
-        self.entries[(b, n)] = (graph, slots, decided)
+            out = fn(*static)
+        self.entries[key] = (graph, static, out)
+
+    def _replay(self, entry: tuple, *inputs: torch.Tensor):
+        graph, static, out = entry
+        for buffer, x in zip(static, inputs):
+            buffer.copy_(x)
+        if graph is None:
+            return out(*static)
+        graph.replay()
+        return out
 
     def run(self, slots: torch.Tensor, t_max: int, a_max: int) -> torch.Tensor:
         """The (B, 3) decisions of one step of the rows `slots` (padded to a captured batch size)."""
@@ -100,10 +133,19 @@ class DecoderGraphs:
             raise GraphShapeError(f"no graph for a batch of {b} rows with caches of {n} positions (captured: "
                                   f"batches {self.sizes}, lengths {self.lengths}); graphs are captured at "
                                   "start-up only: raise the server's max_batch to step larger batches")
-        graph, static, decided = entry
-        static.copy_(slots)
         self.replays += 1
-        if graph is None:
-            return self.dec._decode_core(static, n, n)[0]
-        graph.replay()
-        return decided
+        return self._replay(entry, slots)
+
+    def encoder_shape(self, rows: int, width: int, length: int) -> tuple[int, int, int] | None:
+        """The captured (batch, width, cache length) an encoder chunk step of this size pads to, or None: it
+        runs eagerly (a wider chunk than captured, e.g. a whole sentence pushed at once)."""
+        b = next((s for s in self.sizes if s >= rows), None)
+        w = next((x for x in self.widths if x >= width), None)
+        if b is None or w is None:
+            return None
+        return b, w, self.dec.bucket(max(length, 1))
+
+    def run_encoder(self, tokens: torch.Tensor, rows: torch.Tensor, length: int) -> None:
+        """The encoder's chunk step for padded `tokens` (B, W) and `rows` (B, 3) (`encoder_shape`)."""
+        self.encoder_replays += 1
+        self._replay(self.entries[("enc", *tokens.shape, length)], tokens, rows)

@@ -27,6 +27,9 @@ from models.upload import Upload
 
 # once the source has ended, a target longer than a * |x| + b is cut with EOS
 MAX_LEN_A, MAX_LEN_B = 2, 10
+# the encoder chunk widths (new subwords per stream in one step) the graphs form captures: a word or a few
+# words read while the policy waited; wider chunks run eagerly
+ENCODER_WIDTHS = [1, 2, 4, 8]
 
 
 class StreamingDecoder:
@@ -129,7 +132,7 @@ class StreamingDecoder:
         self.pool = CachePool(self.cfg, self.device, self.dtype, capacity=capacity + 1, fixed=True)
         self._static_shapes()
         lengths = sorted({self.bucket(n) for n in powers_of_two(self.cfg.max_positions, 8)})
-        graphs = DecoderGraphs(self, powers_of_two(max_batch), lengths)
+        graphs = DecoderGraphs(self, powers_of_two(max_batch), lengths, widths=ENCODER_WIDTHS)
         stats = graphs.capture()
         self.graphs = graphs
         return stats
@@ -309,8 +312,18 @@ class StreamingDecoder:
         eos = self.cfg.eos_id
         new = [(s.source_tokens + [eos] * s.source_finished)[s.n_encoded:s.available] for s in todo]
         width = max(map(len, new))
-        upload.add("enc_tokens", [x + [self.cfg.pad_id] * (width - len(x)) for x in new], (len(todo), width))
-        upload.add("enc_rows", [[s.slot, s.n_encoded, len(x)] for s, x in zip(todo, new)], (len(todo), 3))
+        rows = [[s.slot, s.n_encoded, len(x)] for s, x in zip(todo, new)]
+        shape = (self.graphs.encoder_shape(len(todo), width, max(s.n_encoded for s in todo))
+                 if self.graphs is not None and self.graphs.widths else None)
+        if shape is not None:   # a captured encoder step: padded rows (the scratch slot) and width
+            batch, width, length = shape
+            new += [[]] * (batch - len(new))
+            rows += [[self.scratch, 0, 0]] * (batch - len(rows))
+            upload.add("enc_length", [length], (1,))
+        upload.add("enc_tokens", [x + [self.cfg.pad_id] * (width - len(x)) for x in new], (len(new), width))
+        upload.add("enc_rows", rows, (len(rows), 3))
+        if shape is not None:
+            return todo
         # one entry per new position: (row, index in the chunk, slot, cache position)
         upload.add("enc_new", [[r, i, s.slot, s.n_encoded + i] for r, (s, x) in enumerate(zip(todo, new))
                                for i in range(len(x))], (sum(map(len, new)), 4))
@@ -318,24 +331,56 @@ class StreamingDecoder:
 
     def _encode(self, todo: list[StreamState], sent: dict[str, torch.Tensor]) -> None:
         tokens = sent["enc_tokens"]
+        if "enc_length" in sent:   # padded to a captured shape (_plan_encode)
+            length = self.graphs.encoder_shape(*tokens.shape, max(s.n_encoded for s in todo))[2]
+            self.graphs.run_encoder(tokens, sent["enc_rows"], length)
+            for s in todo:
+                s.n_encoded = s.available
+            return
         slots, start, n_new = sent["enc_rows"].unbind(1)
         bi, ii, wslots, pos = sent["enc_new"].unbind(1)
         if self.cfg.causal_encoder:
             lone = todo[0].slot if len(todo) == 1 else None
             caches = self.pool.gather_kv("enc", slots, max(s.n_encoded for s in todo), lone)
-            enc, new_kv = self.net.encode_chunk(tokens, start, n_new, caches)
-            for layer, (k, v) in enumerate(new_kv):
-                self.pool.write("enc_k", layer, wslots, pos, k[bi, :, ii])
-                self.pool.write("enc_v", layer, wslots, pos, v[bi, :, ii])
+            enc, new_kv = self.net.encode_chunk(tokens, start, caches)
+            self._write_new("enc", new_kv, wslots, pos, bi, ii)
         else:  # bidirectional: the whole sentence at once, after it ended
             enc = self.net.encode(tokens, n_new)
-        for layer, (k, v) in enumerate(self.net.cross_kv(enc)):
-            self.pool.write("cross_k", layer, wslots, pos, k[bi, :, ii])
-            self.pool.write("cross_v", layer, wslots, pos, v[bi, :, ii])
-        for layer, mk in enumerate(self.net.mask_keys(enc) or []):
-            self.pool.write("cross_mk", layer, wslots, pos, mk[bi, :, ii])
+        self._write_new("cross", self.net.cross_kv(enc), wslots, pos, bi, ii)
+        mks = self.net.mask_keys(enc)
+        if mks:
+            self.pool.write_layers("cross_mk", wslots, pos, torch.stack(mks, 1)[bi, :, :, ii])
         for s in todo:
             s.n_encoded = s.available
+
+    def _encode_core(self, tokens: torch.Tensor, rows: torch.Tensor, length: int) -> None:
+        """The device half of a causal encoder's chunk step at a fixed shape (what a CUDA graph captures):
+        tokens (B, W) padded, rows (B, 3) = (slot, positions encoded before, new positions); caches gathered
+        at `length` positions. Every (row, position) of the padded block is written: a real new position to its
+        slot, padding (past a row's new positions, or a row of the scratch slot) to the scratch slot, which no
+        stream reads."""
+        slots, start, n_new = rows.unbind(1)
+        b, w = tokens.shape
+        enc, new_kv = self.net.encode_chunk(tokens, start, self.pool.gather_kv("enc", slots, length))
+        i = torch.arange(w, device=tokens.device).view(1, -1)
+        wslots = torch.where(i < n_new.view(-1, 1), slots.view(-1, 1), self.scratch).reshape(-1)
+        pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1).reshape(-1)
+        every = torch.arange(b * w, device=tokens.device)
+        bi, ii = every // w, every % w
+        self._write_new("enc", new_kv, wslots, pos, bi, ii)
+        self._write_new("cross", self.net.cross_kv(enc), wslots, pos, bi, ii)
+        mks = self.net.mask_keys(enc)
+        if mks:
+            self.pool.write_layers("cross_mk", wslots, pos, torch.stack(mks, 1)[bi, :, :, ii])
+
+    def _write_new(self, prefix: str, new_kv: list[tuple[torch.Tensor, torch.Tensor]], slots: torch.Tensor,
+                   positions: torch.Tensor, bi: torch.Tensor, ii: torch.Tensor) -> None:
+        """Store the keys and values (B, H, N, dk) per layer of new positions: entry m is row bi[m]'s position
+        ii[m], which goes to slots[m] at positions[m]. Every layer in one write per kind (per layer it took
+        ~30 more operators a step)."""
+        for j, kind in enumerate(("_k", "_v")):
+            values = torch.stack([kv[j] for kv in new_kv], 1)      # (B, layers, H, N, dk)
+            self.pool.write_layers(prefix + kind, slots, positions, values[bi, :, :, ii])
 
     def stutter_context(self, state: StreamState) -> StutterContext | None:
         """What the no-stutter rule sees of this stream besides its target: the source read so far."""
@@ -439,9 +484,8 @@ class StreamingDecoder:
             wrote = wrote & (slots != self.scratch)
         # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
         # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
-        for layer, (kk, vv) in enumerate(new_kv):
-            pool.write("dec_k", layer, slots, t, kk[:, :, 0])
-            pool.write("dec_v", layer, slots, t, vv[:, :, 0])
+        for j, kind in enumerate(("dec_k", "dec_v")):
+            pool.write_layers(kind, slots, t, torch.stack([kv[j][:, :, 0] for kv in new_kv], 1))
         # a WRITE moves the row on, on the device: position, last token, GMA's sums, a carried context
         rows.t.index_copy_(0, slots, t + wrote)
         rows.prev.index_copy_(0, slots, torch.where(wrote, tokens, prev))

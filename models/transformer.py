@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import gma
-from models.attention import MultiHeadAttention, causal_mask, visible_mask
+from models.attention import MultiHeadAttention, causal_mask, dropout, visible_mask
 from models.config import ModelConfig
 from models.decode_io import DecodeInput, DecodeOutput
 from models.policies import policy_class
@@ -44,7 +44,7 @@ class FeedForward(nn.Module):
         self.dropout = dropout
 
     def forward(self, x):
-        h = F.dropout(F.relu(self.fc1(x)), self.dropout, self.training)
+        h = dropout(F.relu(self.fc1(x)), self.dropout, self.training)
         return self.fc2(h)
 
 
@@ -62,8 +62,8 @@ class EncoderLayer(nn.Module):
         passed apart as `fresh`, see MultiHeadAttention.attend); q its query if already computed."""
         q = self.self_attn.query(x) if q is None else q
         h, _ = self.self_attn.attend(q, k, v, allowed, fresh=fresh)
-        x = self.ln1(x + F.dropout(h, self.dropout, self.training))
-        return self.ln2(x + F.dropout(self.ffn(x), self.dropout, self.training))
+        x = self.ln1(x + dropout(h, self.dropout, self.training))
+        return self.ln2(x + dropout(self.ffn(x), self.dropout, self.training))
 
 
 class DecoderLayer(nn.Module):
@@ -92,7 +92,7 @@ class DecoderLayer(nn.Module):
     def self_block(self, x, k, v, allowed, fresh=None, q=None):
         q = self.self_attn.query(x) if q is None else q
         h, _ = self.self_attn.attend(q, k, v, allowed, fresh=fresh)
-        return self.ln1(x + F.dropout(h, self.dropout, self.training))
+        return self.ln1(x + dropout(h, self.dropout, self.training))
 
     def cross_block(self, x, q, k, v, allowed, prior, need_weights=False, **variant):
         """Cross-attention + FFN. `variant` holds what a variant needs (see variant_attention);
@@ -102,8 +102,8 @@ class DecoderLayer(nn.Module):
             h, w = self.cross_attn.attend(q, k, v, allowed, prior, need_weights=need_weights)
         else:
             h, w, extras = self.variant_attention(x, q, k, v, allowed, prior, **variant)
-        x = self.ln2(x + F.dropout(h, self.dropout, self.training))
-        x = self.ln3(x + F.dropout(self.ffn(x), self.dropout, self.training))
+        x = self.ln2(x + dropout(h, self.dropout, self.training))
+        x = self.ln3(x + dropout(self.ffn(x), self.dropout, self.training))
         return x, w, extras
 
     def variant_attention(self, x, q, k, v, allowed, prior, src_len=None, mask_keys=None,
@@ -177,7 +177,7 @@ class Transformer(nn.Module):
     # ---- shared pieces -------------------------------------------------
     def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[positions].to(self.embed.weight.dtype)
-        return F.dropout(x, self.cfg.dropout, self.training)
+        return dropout(x, self.cfg.dropout, self.training)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.embed.weight)
@@ -263,11 +263,12 @@ class Transformer(nn.Module):
         return (logits, info) if return_info else logits
 
     # ---- incremental paths (streaming) ----------------------------------
-    def encode_chunk(self, tokens, start, n_new, caches):
+    def encode_chunk(self, tokens, start, caches):
         """Encode new source tokens of a causal encoder.
 
-        tokens (B,N) new tokens (right-padded), start (B,) how many were encoded
-        before, n_new (B,) valid new tokens, caches: per layer (k, v) (B,H,S',dk)
+        tokens (B,N) new tokens (right-padded: a padding position's outputs are
+        garbage, for the caller not to store), start (B,) how many were encoded
+        before, caches: per layer (k, v) (B,H,S',dk)
         holding the earlier keys at [0, start) (S' >= max(start), at least 1; the
         caches are only read). Returns the new states (B,N,d) and per layer the
         new (k, v) (B,H,N,dk).
@@ -278,8 +279,10 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tokens, pos.clamp_max(self.cfg.max_positions - 1))
         # every earlier key is visible to every new token; new tokens see each other causally
         cached = (torch.arange(caches[0][0].shape[2], device=dev).view(1, 1, -1) < start.view(-1, 1, 1)).expand(b, n, -1)
+        # (a padding position sees itself and the positions before it: no row is left with nothing to attend
+        # to, and the caller stores no padding position where a stream reads it)
         i = torch.arange(n, device=dev)
-        fresh = (i.view(1, 1, -1) <= i.view(1, -1, 1)) & (i.view(1, 1, -1) < n_new.view(-1, 1, 1))
+        fresh = (i.view(1, 1, -1) <= i.view(1, -1, 1)).expand(b, n, n)
         new_kv = []
         for layer, (kb, vb) in zip(self.encoder, caches):
             q, k, v = layer.self_attn.query_keys_values(x)

@@ -217,7 +217,7 @@ class ModelEngine:
         self.call(run).result()
 
     async def start(self) -> None:
-        """Start the stepping thread; with the `graphs` form, capture the decoder's CUDA graphs on it (the
+        """Start the stepping thread; with the `graphs` form, capture the model's CUDA graphs on it (the
         thread that replays them) before the model serves: the server reports ready only after."""
         self._loop = asyncio.get_running_loop()
         self._ensure_thread()
@@ -225,9 +225,10 @@ class ModelEngine:
             self.capture = await asyncio.wrap_future(
                 self.call(lambda: self.dec.capture_graphs(self.capacity, self.max_batch)))
             c = self.capture
-            log.info("model %s: %d %s captured in %.2f s, %.0f MiB of device memory (batches %s, cache lengths %s)",
+            log.info("model %s: %d %s captured in %.2f s, %.0f MiB of device memory (batches %s, cache lengths %s; "
+                     "%d of them the encoder's, chunk widths %s)",
                      self.name, c["graphs"], "CUDA graphs" if c["replayed"] else "fixed shapes (no CUDA: eager)",
-                     c["seconds"], c["bytes"] / 2**20, c["batch_sizes"], c["lengths"])
+                     c["seconds"], c["bytes"] / 2**20, c["batch_sizes"], c["lengths"], c["encoder_graphs"], c["widths"])
         else:   # the CPU: room for every stream up front, so that no newcomer stalls the others (cache_pool.py)
             slots = await asyncio.wrap_future(self.call(lambda: self.dec.pool.reserve(self._reserve_slots())))
             if slots:

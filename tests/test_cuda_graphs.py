@@ -1,4 +1,5 @@
-"""The `graphs` step form: the decoder step captured once at start-up for fixed shapes (models/cuda_graphs.py).
+"""The `graphs` step form: the decoder and encoder steps captured once at start-up for fixed shapes
+(models/cuda_graphs.py).
 
 On the CPU the same fixed shapes, pool and buffers run eagerly: these tests hold that plumbing to the plain
 step and check the capture rules. With CUDA the graphs are replayed and held to eager CUDA and to the CPU
@@ -43,7 +44,31 @@ def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, one_
     for batch in (1, 3, 8):   # padded to 1, 4 and 8 rows
         assert outputs(simulate(g, SENTENCES, batch_size=batch)) == outputs(simulate(dec, SENTENCES, batch_size=batch))
     assert g.graphs.replays > 0   # the steps went through the captured shapes, not around them
+    if g.cfg.causal_encoder:
+        assert g.graphs.encoder_replays > 0
+    # a whole sentence at once: chunks wider than the captured widths run eagerly on the same fixed pool
+    wide = g.graphs.encoder_replays
+    assert (outputs(simulate(g, SENTENCES, batch_size=4, whole_sentence=True))
+            == outputs(simulate(dec, SENTENCES, batch_size=4, whole_sentence=True)))
     assert g.streams_in_cache == 0
+    if g.cfg.causal_encoder:
+        assert g.graphs.encoder_replays > wide   # (the short sentences still fit a captured width)
+
+
+def test_encoder_padding_writes_only_the_scratch_slot(piece_tok, one_torch_thread):
+    """A captured encoder step pads its rows with the scratch slot and its width past each row's new subwords;
+    none of that lands where a stream reads: another stream's slot and a stream's own positions past what it
+    received stay untouched."""
+    g = graphed(random_decoder(piece_tok, "gma", seed=3), capacity=6, max_batch=4)
+    a, idle = g.new_stream(), g.new_stream()
+    g.push(a, "a b".split())
+    g.advance([a])
+    assert g.graphs.encoder_replays > 0 and a.n_encoded == a.available > 0
+    for kind in ("enc_k", "enc_v", "cross_k", "cross_v"):
+        cache = g.pool.tensors[kind]
+        assert cache[:, a.slot, :, : a.available].abs().sum() > 0
+        assert cache[:, a.slot, :, a.available:].abs().sum() == 0
+        assert cache[:, idle.slot].abs().sum() == 0
 
 
 def test_capture_happens_once_before_any_stream(word_tok):
@@ -86,7 +111,10 @@ def test_server_captures_before_ready_and_streams_the_same(trained, one_torch_th
                     rate_limit=10000, rate_burst=10000) as srv:
         info = httpx.get(srv.http + "/v1/models").json()["models"][0]
         assert info["step_form"]["graphs"] and info["graphs"]["batch_sizes"] == [1, 2, 4]
-        assert info["graphs"]["graphs"] == 3 * len(info["graphs"]["lengths"])
+        captured = info["graphs"]
+        # a decoder graph per (batch, length), an encoder graph per (batch, chunk width, length)
+        assert captured["encoder_graphs"] == 3 * len(captured["widths"]) * len(captured["lengths"]) > 0
+        assert captured["graphs"] == 3 * len(captured["lengths"]) + captured["encoder_graphs"]
         import asyncio
         msgs = [{"type": "start", "model": "gma"}] + sentence_messages(SENTENCES) + [{"type": "end_stream"}]
         received, code = asyncio.run(talk(srv.url, msgs))

@@ -143,7 +143,7 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     assert "no_stutter 3, no_repeat_ngram 0" in r.stdout   # the decoding rules the figures were taken with
     lines = r.stdout.splitlines()
     head = lines.index("| step | batch size | steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | "
-                       "uploads/step | reads/step | identical | same as first |")
+                       "operators/step | uploads/step | reads/step | identical | same as first |")
     assert lines.index("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |") \
         < head
     body = lines[head + 2:head + 8]
@@ -161,6 +161,9 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     # the GPU form reads back once per step at most; the host form reads more (its shortcuts)
     assert all(h["reads_per_step"] <= 1.0 for h in rows if h["path"] != "host")
     assert all(h["uploads_per_step"] <= 1.0 for h in rows)
+    # every step dispatches operators (tens of them per layer); the column shows them per form
+    assert all(h["operators_per_step"] > 10 for h in rows)
+    assert [float(row.split("|")[8]) for row in body] == [round(h["operators_per_step"]) for h in rows]
     bad = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src), "--paths", "jit")
     assert bad.returncode == 2 and "--paths: unknown step form(s) jit" in bad.stderr
     assert all(h["kernel_source"] == "cpu compute operators" for h in data["host_overhead"])
@@ -212,3 +215,16 @@ def test_bench_server_passes_device_and_dtype_to_the_server_it_starts():
     if not torch.cuda.is_available():   # refused here, before any server process starts
         with pytest.raises(CheckpointError, match="CUDA"):
             start_server(parse(["bench", "server", "--device", "cuda"]))
+
+
+def test_top_level_operators_counts_what_python_dispatched():
+    """Operators called by another operator (linear calls addmm, ...) are not counted again."""
+    from torch.profiler import ProfilerActivity, profile
+    from models.benchmarks.host_overhead import top_level_operators
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        y = torch.nn.functional.linear(x, w)   # one dispatch, with aten::t / aten::mm ... inside
+        y = y.relu()
+        y = y + 1
+    events = list(prof.profiler.kineto_results.events())
+    assert top_level_operators(events) == 3

@@ -12,6 +12,8 @@ every value read back also makes the host wait for the device. This module measu
   on CUDA, the time of every GPU activity (kernels, memcpy, memset) / steps;
   on CPU, the self CPU time of the innermost compute operators / steps (`compute_op_time`);
 - **wall / kernel**: the host's share; 1 would mean the step is nothing but its kernels;
+- **operators per step**: the aten:: operators the step's Python code dispatched (not those nested in
+  another): host time each, and on a GPU a launch each unless a CUDA graph replays it;
 - **uploads per step**: `aten::lift_fresh` events, i.e. tensors made from Python values
   (`torch.tensor(list)`), each a host→device copy when the step runs on a GPU;
 - **reads per step**: `aten::_local_scalar_dense` (`item()`, `int(t)`, `float(t)`, `bool(t)`) +
@@ -53,6 +55,8 @@ NON_COMPUTE_PREFIXES = ("aten::index", "aten::_index", "aten::empty", "aten::zer
 READ_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
 READ_METHODS = frozenset({"tolist", "numpy", "cpu"})
 CUDA_SYNCS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"})
+CUDA_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                           "cudaGraphLaunch"})
 
 
 def is_compute(name: str) -> bool:
@@ -126,6 +130,18 @@ def compute_op_time(events) -> float:
     return ns / 1e9
 
 
+def top_level_operators(events) -> int:
+    """Operators the Python code dispatched (aten:: events that no other aten:: event encloses): each costs host
+    time, and on a GPU each one that computes is a kernel launch, unless a CUDA graph replays it."""
+    spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name().startswith("aten::"))
+    count, end = 0, -1
+    for start, stop in spans:
+        if start >= end:
+            count += 1
+        end = max(end, stop)
+    return count
+
+
 def profile_traffic(fn, cuda: bool = False) -> dict:
     """Run `fn()` once under torch.profiler (CPU, plus CUDA when `cuda`) and a read counter:
     {"result": fn's return value, "kernel_s": device time on CUDA or CPU compute time
@@ -140,13 +156,14 @@ def profile_traffic(fn, cuda: bool = False) -> dict:
     cpu_events = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
     names = [e.name() for e in cpu_events]
     out = {"result": result, "uploads": names.count("aten::lift_fresh"),
-           "reads": sum(names.count(n) for n in READ_OPS) + reads.reads}
+           "reads": sum(names.count(n) for n in READ_OPS) + reads.reads, "operators": top_level_operators(cpu_events)}
     if cuda:
         device = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA
                   and not e.is_user_annotation()]
         out["kernel_s"] = sum(e.duration_ns() for e in device) / 1e9
         out["memcpy"] = sum(e.name().startswith(("Memcpy HtoD", "Memcpy DtoH")) for e in device)
         out["syncs"] = sum(n in CUDA_SYNCS for n in names)
+        out["launches"] = sum(n in CUDA_LAUNCHES for n in names)
     else:
         out["kernel_s"] = compute_op_time(cpu_events)
     return out
@@ -211,6 +228,7 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
                "steps": steps, "step_wall_ms": statistics.median(wall) * 1000,
                "kernel_ms_per_step": prof["kernel_s"] * 1000 / n,
                "uploads_per_step": prof["uploads"] / n, "reads_per_step": prof["reads"] / n,
+               "operators_per_step": prof["operators"] / n,
                "kernel_source": "cuda activities" if cuda else "cpu compute operators",
                "identical": timed[:len(profiled)] == prof["result"] and (steps == n or len(profiled) < len(chosen)),
                "profiled_sentences": len(profiled), "_outputs": timed}
@@ -219,5 +237,6 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
         if cuda:
             row["memcpy_per_step"] = prof["memcpy"] / n
             row["syncs_per_step"] = prof["syncs"] / n
+            row["launches_per_step"] = prof["launches"] / n
         rows.append(row)
     return rows
