@@ -74,7 +74,7 @@ class DecoderGraphs:
         """Every graph, largest first into one memory pool, GC frozen; then no more.
         Returns what it took: graphs, seconds, device bytes."""
         if self.sealed:
-            raise GraphShapeError("the decoder's graphs were captured already; capture happens once, at start-up")
+            raise GraphShapeError("the model's graphs were captured already; capture happens once, at start-up")
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.dec.device)[0] if self.cuda else 0
         dec = self.dec

@@ -120,7 +120,7 @@ class StreamingDecoder:
             raise StepFormError("the graphs form needs no_repeat_ngram and no_stutter off: their bans are "
                                 "planned on the host per row")
         if self.graphs is not None:
-            raise StepFormError("the decoder's graphs were captured already; capture happens once, at start-up")
+            raise StepFormError("the model's graphs were captured already; capture happens once, at start-up")
         if self.streams_in_cache:
             raise StepFormError("graphs are captured before any stream starts")
         if self.device.type == "cuda":   # the whole pool is allocated now: say so plainly if it cannot be
