@@ -319,10 +319,9 @@ class StreamingDecoder:
             batch, width, length = shape
             new += [[]] * (batch - len(new))
             rows += [[self.scratch, 0, 0]] * (batch - len(rows))
-            upload.add("enc_length", [length], (1,))
         upload.add("enc_tokens", [x + [self.cfg.pad_id] * (width - len(x)) for x in new], (len(new), width))
         upload.add("enc_rows", rows, (len(rows), 3))
-        if shape is not None:
+        if shape is not None:   # (no "enc_new": _encode takes that as the sign of a captured step)
             return todo
         # one entry per new position: (row, index in the chunk, slot, cache position)
         upload.add("enc_new", [[r, i, s.slot, s.n_encoded + i] for r, (s, x) in enumerate(zip(todo, new))
@@ -331,7 +330,7 @@ class StreamingDecoder:
 
     def _encode(self, todo: list[StreamState], sent: dict[str, torch.Tensor]) -> None:
         tokens = sent["enc_tokens"]
-        if "enc_length" in sent:   # padded to a captured shape (_plan_encode)
+        if "enc_new" not in sent:   # padded to a captured shape (_plan_encode)
             length = self.graphs.encoder_shape(*tokens.shape, max(s.n_encoded for s in todo))[2]
             self.graphs.run_encoder(tokens, sent["enc_rows"], length)
             for s in todo:
@@ -343,13 +342,9 @@ class StreamingDecoder:
             lone = todo[0].slot if len(todo) == 1 else None
             caches = self.pool.gather_kv("enc", slots, max(s.n_encoded for s in todo), lone)
             enc, new_kv = self.net.encode_chunk(tokens, start, caches)
-            self._write_new("enc", new_kv, wslots, pos, bi, ii)
         else:  # bidirectional: the whole sentence at once, after it ended
-            enc = self.net.encode(tokens, n_new)
-        self._write_new("cross", self.net.cross_kv(enc), wslots, pos, bi, ii)
-        mks = self.net.mask_keys(enc)
-        if mks:
-            self.pool.write_layers("cross_mk", wslots, pos, torch.stack(mks, 1)[bi, :, :, ii])
+            enc, new_kv = self.net.encode(tokens, n_new), None
+        self._store_encoded(enc, new_kv, wslots, pos, bi, ii)
         for s in todo:
             s.n_encoded = s.available
 
@@ -366,21 +361,24 @@ class StreamingDecoder:
         wslots = torch.where(i < n_new.view(-1, 1), slots.view(-1, 1), self.scratch).reshape(-1)
         pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1).reshape(-1)
         every = torch.arange(b * w, device=tokens.device)
-        bi, ii = every // w, every % w
-        self._write_new("enc", new_kv, wslots, pos, bi, ii)
-        self._write_new("cross", self.net.cross_kv(enc), wslots, pos, bi, ii)
+        self._store_encoded(enc, new_kv, wslots, pos, every // w, every % w)
+
+    def _store_encoded(self, enc: torch.Tensor, new_kv: list | None, slots: torch.Tensor, positions: torch.Tensor,
+                       bi: torch.Tensor, ii: torch.Tensor) -> None:
+        """Store what the encoder made of new source positions: its own keys and values (a causal encoder's
+        `new_kv`, per layer (B, H, N, dk)), every decoder layer's cross keys and values of `enc` (B, N, d), and
+        calibration's mask keys. Entry m is row bi[m]'s position ii[m], which goes to slots[m] at positions[m].
+        Every layer in one write per kind (per layer it took ~30 more operators a step)."""
+        def write(prefix: str, per_layer: list) -> None:
+            for j, kind in enumerate(("_k", "_v")):
+                values = torch.stack([kv[j] for kv in per_layer], 1)      # (B, layers, H, N, dk)
+                self.pool.write_layers(prefix + kind, slots, positions, values[bi, :, :, ii])
+        if new_kv is not None:
+            write("enc", new_kv)
+        write("cross", self.net.cross_kv(enc))
         mks = self.net.mask_keys(enc)
         if mks:
-            self.pool.write_layers("cross_mk", wslots, pos, torch.stack(mks, 1)[bi, :, :, ii])
-
-    def _write_new(self, prefix: str, new_kv: list[tuple[torch.Tensor, torch.Tensor]], slots: torch.Tensor,
-                   positions: torch.Tensor, bi: torch.Tensor, ii: torch.Tensor) -> None:
-        """Store the keys and values (B, H, N, dk) per layer of new positions: entry m is row bi[m]'s position
-        ii[m], which goes to slots[m] at positions[m]. Every layer in one write per kind (per layer it took
-        ~30 more operators a step)."""
-        for j, kind in enumerate(("_k", "_v")):
-            values = torch.stack([kv[j] for kv in new_kv], 1)      # (B, layers, H, N, dk)
-            self.pool.write_layers(prefix + kind, slots, positions, values[bi, :, :, ii])
+            self.pool.write_layers("cross_mk", slots, positions, torch.stack(mks, 1)[bi, :, :, ii])
 
     def stutter_context(self, state: StreamState) -> StutterContext | None:
         """What the no-stutter rule sees of this stream besides its target: the source read so far."""
