@@ -188,6 +188,13 @@ def scrape(base: str) -> dict[str, float]:
     return out
 
 
+def capture_line(g: dict) -> str:
+    """What the graphs form's capture at start-up took (/v1/models `graphs`), in one line."""
+    return (f"captured at start-up: {g['graphs']} {'CUDA graphs' if g['replayed'] else 'fixed shapes (eager)'}, "
+            f"{g.get('encoder_graphs', 0)} of them the encoder's, in {g['seconds']:.1f} s, "
+            f"{g['bytes'] / 2**20:.0f} MiB of device memory")
+
+
 def wait_healthy(base: str, proc=None, timeout: float = 300) -> None:
     import httpx
     deadline = time.monotonic() + timeout
@@ -699,6 +706,8 @@ async def _main(args, base) -> int:
     form = model.get("step_form", {})
     print(f"server CPU: {model.get('cpu', '?')}; step form {form.get('name', '?')}"
           + (f" ({form['choice']['reason']})" if form.get("choice") else ""))
+    if model.get("graphs"):
+        print(capture_line(model["graphs"]))
     pool = None
     if args.client_procs > 1 and ({"ramp", "throughput", "soak"} - skip or args.overload):
         print(f"clients: spread over {args.client_procs} client processes", flush=True)

@@ -18,6 +18,7 @@ from models.decoding import DecodingOptions
 from models.step import StreamingDecoder
 from models.step_form import StepFormError
 from models.translate import simulate
+from server.bench import capture_line
 from tests.conftest import POLICIES, random_decoder
 from tests.test_server import LiveServer, sentence_messages, talk
 
@@ -112,6 +113,8 @@ def test_server_captures_before_ready_and_streams_the_same(trained, one_torch_th
         info = httpx.get(srv.http + "/v1/models").json()["models"][0]
         assert info["step_form"]["graphs"] and info["graphs"]["batch_sizes"] == [1, 2, 4]
         captured = info["graphs"]
+        assert capture_line(captured).startswith(f"captured at start-up: {captured['graphs']} fixed shapes (eager), "
+                                                 f"{captured['encoder_graphs']} of them the encoder's, in ")
         # a decoder graph per (batch, length), an encoder graph per (batch, chunk width, length)
         assert captured["encoder_graphs"] == 3 * len(captured["widths"]) * len(captured["lengths"]) > 0
         assert captured["graphs"] == 3 * len(captured["lengths"]) + captured["encoder_graphs"]
