@@ -27,8 +27,8 @@ from models.upload import Upload
 
 # once the source has ended, a target longer than a * |x| + b is cut with EOS
 MAX_LEN_A, MAX_LEN_B = 2, 10
-# the encoder chunk widths (new subwords per stream in one step) the graphs form captures: a word or a few
-# words read while the policy waited; wider chunks run eagerly
+# the encoder chunk widths (new subwords per stream in one step) the graphs-encoder form captures: a word or a
+# few words read while the policy waited; wider chunks run eagerly
 ENCODER_WIDTHS = [1, 2, 4, 8]
 
 
@@ -132,7 +132,8 @@ class StreamingDecoder:
         self.pool = CachePool(self.cfg, self.device, self.dtype, capacity=capacity + 1, fixed=True)
         self._static_shapes()
         lengths = sorted({self.bucket(n) for n in powers_of_two(self.cfg.max_positions, 8)})
-        graphs = DecoderGraphs(self, powers_of_two(max_batch), lengths, widths=ENCODER_WIDTHS)
+        graphs = DecoderGraphs(self, powers_of_two(max_batch), lengths,
+                               widths=ENCODER_WIDTHS if self.form.graph_encoder else None)
         stats = graphs.capture()
         self.graphs = graphs
         return stats

@@ -123,7 +123,7 @@ def gpu_form(device: torch.device, dtype: torch.dtype, options=None) -> tuple[st
         return REFERENCE, f"CUDA graphs are tested in float32 only, not {str(dtype).replace('torch.', '')}: {REFERENCE}"
     if options is not None and banning_filters(options):
         return REFERENCE, f"no_repeat_ngram / no_stutter are planned per row on the host: {REFERENCE}, not graphs"
-    return "graphs", "CUDA, float32: the decoder and encoder steps as CUDA graphs captured at start-up"
+    return "graphs", "CUDA, float32: the decoder step as CUDA graphs captured at start-up"
 
 
 def _cache_key(model, forms, batches) -> str:

@@ -15,9 +15,9 @@ things at once, so that no combination of switches can be asked for that nobody 
   where those shortcuts cost nothing and save work);
 - `static_shapes` (batches and cache lengths padded to powers of two) and `compiled`
   (torch.compile of the decoder step; CUDA graphs on CUDA), which needs static shapes;
-- `graphs`: static shapes, and the decoder step and the causal encoder's chunk step captured as CUDA graphs
-  once, at start-up, for every padded batch size and cache length (`StreamingDecoder.capture_graphs`;
-  models/cuda_graphs.py); on the CPU the same fixed shapes run eagerly.
+- `graphs`: static shapes, and the decoder step captured as CUDA graphs once, at start-up, for every padded
+  batch size and cache length (`StreamingDecoder.capture_graphs`; models/cuda_graphs.py); on the CPU the
+  same fixed shapes run eagerly. `graphs-encoder` captures the causal encoder's chunk step too.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ class StepForm:
     sync_free: bool | None = None
     static_shapes: bool = False
     compiled: bool = False
-    graphs: bool = False      # the decoder and encoder steps as CUDA graphs captured at start-up (models/cuda_graphs.py)
+    graphs: bool = False      # the decoder step as CUDA graphs captured at start-up (models/cuda_graphs.py)
+    graph_encoder: bool = False   # graphs: the causal encoder's chunk step captured too
     summary: str = ""
 
     def resolve(self, device: torch.device, dtype: torch.dtype) -> "StepForm":
@@ -71,8 +72,12 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
     StepForm("compiled", "model", sync_free=True, static_shapes=True, compiled=True,
              summary="static shapes + torch.compile of the decoder step (CUDA graphs on CUDA)"),
     StepForm("graphs", "packed", sync_free=True, static_shapes=True, graphs=True,
-             summary="static shapes, the decoder and encoder steps as CUDA graphs captured at start-up (on the CPU: run "
+             summary="static shapes, the decoder step as CUDA graphs captured at start-up (on the CPU: run "
                      "eagerly); needs no_repeat_ngram and no_stutter off"),
+    # not the CUDA default until its replay has passed the equivalence tests on a GPU (recipes/gpu/check.sh)
+    StepForm("graphs-encoder", "packed", sync_free=True, static_shapes=True, graphs=True, graph_encoder=True,
+             summary="graphs, and the causal encoder's chunk step captured too (chunks of up to 8 subwords; "
+                     "wider ones run eagerly)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
     # the server's default: the fastest form that passed the quality gate, timed where it runs
@@ -92,7 +97,7 @@ def step_form(form: "str | StepForm") -> StepForm:
 
 
 STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "
-             "on CUDA); graphs (CUDA graphs captured at start-up); host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
+             "on CUDA); graphs (CUDA graphs captured at start-up); graphs-encoder (the encoder's step captured too); host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
 
 
 def add_step_argument(parser) -> None:

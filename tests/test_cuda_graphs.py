@@ -31,28 +31,30 @@ def outputs(results):
     return [(r.prediction, r.token_delays) for r in results]
 
 
-def graphed(dec: StreamingDecoder, capacity: int = 16, max_batch: int = 8, device=None) -> StreamingDecoder:
-    g = StreamingDecoder(dec.model.to(device) if device else dec.model, dec.tok, form="graphs")
+def graphed(dec: StreamingDecoder, capacity: int = 16, max_batch: int = 8, device=None,
+            form: str = "graphs") -> StreamingDecoder:
+    g = StreamingDecoder(dec.model.to(device) if device else dec.model, dec.tok, form=form)
     g.capture_graphs(capacity, max_batch)
     return g
 
 
+@pytest.mark.parametrize("form", ["graphs", "graphs-encoder"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, one_torch_thread):
+def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, form, one_torch_thread):
     dec = random_decoder(piece_tok, policy, seed=7)
-    g = graphed(dec)
+    g = graphed(dec, form=form)
     assert g.pool.fixed and g.graphs.sealed
     for batch in (1, 3, 8):   # padded to 1, 4 and 8 rows
         assert outputs(simulate(g, SENTENCES, batch_size=batch)) == outputs(simulate(dec, SENTENCES, batch_size=batch))
     assert g.graphs.replays > 0   # the steps went through the captured shapes, not around them
-    if g.cfg.causal_encoder:
-        assert g.graphs.encoder_replays > 0
+    # the encoder's chunk step went through its captured shapes in graphs-encoder (a causal encoder) only
+    assert (g.graphs.encoder_replays > 0) == (form == "graphs-encoder" and g.cfg.causal_encoder)
     # a whole sentence at once: chunks wider than the captured widths run eagerly on the same fixed pool
     wide = g.graphs.encoder_replays
     assert (outputs(simulate(g, SENTENCES, batch_size=4, whole_sentence=True))
             == outputs(simulate(dec, SENTENCES, batch_size=4, whole_sentence=True)))
     assert g.streams_in_cache == 0
-    if g.cfg.causal_encoder:
+    if form == "graphs-encoder" and g.cfg.causal_encoder:
         assert g.graphs.encoder_replays > wide   # (the short sentences still fit a captured width)
 
 
@@ -60,7 +62,7 @@ def test_encoder_padding_writes_only_the_scratch_slot(piece_tok, one_torch_threa
     """A captured encoder step pads its rows with the scratch slot and its width past each row's new subwords;
     none of that lands where a stream reads: another stream's slot and a stream's own positions past what it
     received stay untouched."""
-    g = graphed(random_decoder(piece_tok, "gma", seed=3), capacity=6, max_batch=4)
+    g = graphed(random_decoder(piece_tok, "gma", seed=3), capacity=6, max_batch=4, form="graphs-encoder")
     a, idle = g.new_stream(), g.new_stream()
     g.push(a, "a b".split())
     g.advance([a])
@@ -103,12 +105,13 @@ def test_shapes_beyond_the_capture_are_a_clear_error_and_the_pool_is_fixed(word_
     assert g.pool.shrink() == 0 and g.pool.capacity == 7
 
 
-def test_server_captures_before_ready_and_streams_the_same(trained, one_torch_thread):
-    """A real server with --step graphs: /v1/models reports the capture, and a stream writes what the
-    default form writes for the same sentences."""
+@pytest.mark.parametrize("form", ["graphs", "graphs-encoder"])
+def test_server_captures_before_ready_and_streams_the_same(trained, form, one_torch_thread):
+    """A real server with --step graphs (or graphs-encoder): /v1/models reports the capture, and a stream writes
+    what the default form writes for the same sentences."""
     from tests.conftest import decoder_from
     reference = outputs(simulate(decoder_from(trained["gma"]), SENTENCES))
-    with LiveServer(models={"gma": str(trained["gma"])}, step="graphs", max_streams=8, max_batch=4,
+    with LiveServer(models={"gma": str(trained["gma"])}, step=form, max_streams=8, max_batch=4,
                     rate_limit=10000, rate_burst=10000) as srv:
         info = httpx.get(srv.http + "/v1/models").json()["models"][0]
         assert info["step_form"]["graphs"] and info["graphs"]["batch_sizes"] == [1, 2, 4]
@@ -116,7 +119,8 @@ def test_server_captures_before_ready_and_streams_the_same(trained, one_torch_th
         assert capture_line(captured).startswith(f"captured at start-up: {captured['graphs']} fixed shapes (eager), "
                                                  f"{captured['encoder_graphs']} of them the encoder's, in ")
         # a decoder graph per (batch, length), an encoder graph per (batch, chunk width, length)
-        assert captured["encoder_graphs"] == 3 * len(captured["widths"]) * len(captured["lengths"]) > 0
+        assert captured["encoder_graphs"] == 3 * len(captured["widths"]) * len(captured["lengths"])
+        assert (captured["encoder_graphs"] > 0) == (form == "graphs-encoder")
         assert captured["graphs"] == 3 * len(captured["lengths"]) + captured["encoder_graphs"]
         import asyncio
         msgs = [{"type": "start", "model": "gma"}] + sentence_messages(SENTENCES) + [{"type": "end_stream"}]
@@ -127,8 +131,9 @@ def test_server_captures_before_ready_and_streams_the_same(trained, one_torch_th
 
 
 @cuda
+@pytest.mark.parametrize("form", ["graphs", "graphs-encoder"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_cuda_graph_replay_equals_eager_and_cpu(piece_tok, policy):
+def test_cuda_graph_replay_equals_eager_and_cpu(piece_tok, policy, form):
     """Graph replay = eager CUDA = CPU, batched = single stream; capture takes seconds, not minutes."""
     cpu = random_decoder(piece_tok, policy, seed=7)
     want = outputs(simulate(cpu, SENTENCES, batch_size=1))
@@ -136,10 +141,11 @@ def test_cuda_graph_replay_equals_eager_and_cpu(piece_tok, policy):
     model = cpu.model.to("cuda")
     eager = StreamingDecoder(model, piece_tok, form="sync-free")
     t0 = time.perf_counter()
-    g = StreamingDecoder(model, piece_tok, form="graphs")
+    g = StreamingDecoder(model, piece_tok, form=form)
     stats = g.capture_graphs(16, 8)
     assert stats["replayed"] and time.perf_counter() - t0 < 60
     for batch in (1, 8):
         assert outputs(simulate(eager, SENTENCES, batch_size=batch)) == want
         assert outputs(simulate(g, SENTENCES, batch_size=batch)) == want
     assert g.graphs.replays > 0
+    assert (g.graphs.encoder_replays > 0) == (form == "graphs-encoder" and g.cfg.causal_encoder)

@@ -9,13 +9,14 @@
 # Each step has its own time budget (BUDGET_* below, seconds) and a step that runs out is reported as
 # such, so one slow part cannot cost the rest. JSON of every benchmark lands beside REPORT. By default it
 # answers in about 8 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
-# bench step (wall against kernel per batch size, eager sync-free against graphs), bench server with the
-# server's defaults (graphs, front ends in processes of their own) without admission from 500 to 4,000
-# speakers and flat out at 1,024 streams, a py-spy profile of the engine process at 1,000 speakers, and two
-# servers sharing the GPU with half the speakers each; SM utilisation sampled through each server run. Off
-# unless given a budget: parts measured already (the same server in one process, BUDGET_SERVER_ONE=100;
-# admission past capacity, BUDGET_ADMISSION=120) and the older ones (bfloat16, bench engine, graph breaks
-# of the compiled form, evaluate: BUDGET_STEP_BF16=50 and so on).
+# bench step (wall against kernel per batch size, eager sync-free against graphs and graphs-encoder), bench
+# server with the server's defaults (graphs, front ends in processes of their own) without admission from 500
+# to 4,000 speakers and flat out at 1,024 streams, the same with --step graphs-encoder (the encoder's chunk
+# step captured too) at 1,000 and 2,000, and a py-spy profile of the engine process at 1,000 speakers; SM
+# utilisation sampled through each server run. Off unless given a budget: parts measured already (the same
+# server in one process, BUDGET_SERVER_ONE=100; admission past capacity, BUDGET_ADMISSION=120; two servers
+# sharing the GPU, BUDGET_TWO=90) and the older ones (bfloat16, bench engine, graph breaks of the compiled
+# form, evaluate: BUDGET_STEP_BF16=50 and so on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR="${OUT:-.}"
@@ -27,7 +28,7 @@ DATA="${DATA:-.gpu/data}"
 CKPT="${CKPT:-gma_delta1}"
 DEVICE="${DEVICE:-cuda}"   # DEVICE=cpu: a dry run of this script where there is no GPU
 BUDGET_TESTS="${BUDGET_TESTS:-60}"
-BUDGET_STEP="${BUDGET_STEP:-80}"
+BUDGET_STEP="${BUDGET_STEP:-100}"
 BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-0}"
 BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
 BUDGET_SERVER="${BUDGET_SERVER:-150}"
@@ -47,7 +48,9 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # sentences did not finish in 40 s on the H200), 64 and 256 over enough sentences to fill them (37 s there)
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-8}"
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
-BUDGET_TWO="${BUDGET_TWO:-90}"   # two_servers.sh: two servers on the one GPU, half the speakers each   # profile_engine.sh: py-spy on the engine process at PROFILE_SPEAKERS
+BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
+BUDGET_SERVER_ENC="${BUDGET_SERVER_ENC:-110}"   # the server with --step graphs-encoder at ENC_LEVELS and flat out
+ENC_LEVELS="${ENC_LEVELS:-1000,2000}"
 BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-0}"   # one process: measured at a5b9004 (docs/benchmarks.md); 100 runs it
 ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
 THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
@@ -92,12 +95,12 @@ say '```'
 
 step "CUDA tests: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py), device-resident state" "$BUDGET_TESTS" \
   "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "${TESTS_K:-cuda}" $TEST_FILES
-step "bench step, float32, small batches: eager sync-free against CUDA graphs captured at start-up" "$((BUDGET_STEP / 2))" \
+step "bench step, float32, small batches: eager sync-free against CUDA graphs captured at start-up (decoder; decoder and encoder)" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
-  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs --json "$DIR/step_cuda_small.json"
-step "bench step, float32, large batches: eager sync-free against CUDA graphs captured at start-up" "$((BUDGET_STEP / 2))" \
+  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs,graphs-encoder --json "$DIR/step_cuda_small.json"
+step "bench step, float32, large batches: eager sync-free against CUDA graphs captured at start-up (decoder; decoder and encoder)" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
-  --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs --json "$DIR/step_cuda.json"
+  --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs,graphs-encoder --json "$DIR/step_cuda.json"
 step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
   simulserve bench step --device $DEVICE --dtype bfloat16 --checkpoint "$CKPT" --source "$DATA/test.de" \
   --batch-sizes "$BF16_BATCHES" --sentences "$BF16_SENTENCES" --rounds "$STEP_ROUNDS" --paths default,compiled --json "$DIR/step_cuda_bf16.json"
@@ -118,6 +121,12 @@ step "bench server, the server's defaults on CUDA (step auto = graphs, workers a
   --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
 dmon_off defaults
+dmon_on encoder
+step "bench server, --step graphs-encoder (the encoder's chunk step captured too), otherwise the defaults, no admission" "$BUDGET_SERVER_ENC" \
+  simulserve bench server --device $DEVICE --step graphs-encoder --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$ENC_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_encoder.json"
+dmon_off encoder
 step "profile of the process that steps the models at ${PROFILE_SPEAKERS:-1000} speakers (py-spy; recipes/gpu/profile_engine.sh)" "$BUDGET_PROFILE" \
   env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" CLIENT_PROCS="$CLIENT_PROCS" bash recipes/gpu/profile_engine.sh "$DIR"
 dmon_on one
