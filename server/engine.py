@@ -398,18 +398,23 @@ class ModelEngine:
         """Each stream's words and sentence results of one job onto its queue (event loop)."""
         m, name = self.metrics, self.name
         lag = m.word_lag_seconds.labels(name)
+        words = sentences = 0             # counted here, added once a job (a labelled counter takes a lock a call)
         for h in batch:
             if h.closed:                  # gone during the job: nobody reads its queue
                 continue
             for ev in events.get(h.id, ()):
                 if ev["type"] == "word":
-                    m.words_out.labels(name).inc()
+                    words += 1
                     lag.observe(ev["lag_ms"] / 1000)
                 elif ev["type"] == "sentence":
-                    m.sentences.labels(name).inc()
+                    sentences += 1
                 h.out.put_nowait(ev)
             if h.out.qsize() > self.max_output and h.kill is not None:
                 h.kill("slow_consumer")
+        if words:
+            m.words_out.labels(name).inc(words)
+        if sentences:
+            m.sentences.labels(name).inc(sentences)
 
     # ---- one job (engine thread) ---------------------------------------------------------
     def _execute(self, batch: list[StreamHandle]):

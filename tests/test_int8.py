@@ -146,7 +146,8 @@ def test_forms_are_named_choices_checked_against_the_device(word_tok):
         StreamingDecoder(model.to(torch.bfloat16), word_tok, form="int8")
     dec = StreamingDecoder(model.float(), word_tok, form="int8")
     assert dec.form.describe() == {"name": "int8", "linears": "int8", "sync_free": False,
-                                   "static_shapes": False, "compiled": False, "graphs": False, "summary": FORMS["int8"].summary}
+                                   "static_shapes": False, "compiled": False, "graphs": False, "graph_encoder": False,
+                                   "summary": FORMS["int8"].summary}
     assert StreamingDecoder(model, word_tok, form="static").form.sync_free is True
 
 
