@@ -60,6 +60,7 @@ def register(sub) -> None:
                "                  tensor creation (empty*, zeros*, ones*, full*, arange, lift_fresh, fill_,\n"
                "                  zero_), views (view, reshape, select, slice, transpose, ...) and dropout,\n"
                "                  not called by one of those, calling no other compute operator\n"
+               "  encoding steps  the share of steps that ran the encoder (see --arrivals)\n"
                "  wall/kernel     the host's share (1 = nothing but kernels)\n"
                "  operators/step  aten:: operators the step's Python code dispatched (none enclosing\n"
                "                  them): host time each, a kernel launch each on a GPU unless graphed\n"
@@ -86,6 +87,11 @@ def register(sub) -> None:
                          "here), host (CPU shortcuts), sync-free (the GPU form), static (sync-free, padded "
                          "shapes), compiled (static + torch.compile; CUDA graphs on CUDA), int8 (int8 weights, "
                          "CPU), plain (no fast path); models/step_form.py. Default: default")
+    st.add_argument("--arrivals", choices=("lockstep", "staggered"), default="lockstep",
+                    help="how words reach the streams of the host overhead table: lockstep (default: batches "
+                         "of sentences, every waiting stream's next word at once, so a round's first step "
+                         "encodes and the others only write) or staggered (as many streams as the batch size, "
+                         "each one word every 4 steps, out of phase, as in a server: most steps encode)")
     st.add_argument("--gemm", action="store_true",
                     help="also: GFLOP/s of single linears on the CPU (the matrix units' rate) in float32 and "
                          "bfloat16")
@@ -215,7 +221,7 @@ def run_step(args) -> int:
     paths = _paths(args.paths)
     with tqdm(total=len(paths) * len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
         host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
-                                   paths=paths, options=options)
+                                   paths=paths, options=options, arrivals=args.arrivals)
     choice = None
     if device.type == "cpu":   # what `--step auto` would choose here, timed afresh (not from the cache)
         from models.step_choice import StepChoice, measure, pick
@@ -232,18 +238,19 @@ def run_step(args) -> int:
         print(f"| {r['batch_size']} | {r['target_tokens']} | {r['fast_ms_per_token']:.2f} | "
               f"{r['plain_ms_per_token']:.2f} | {r['speedup']:.2f}x | {'yes' if r['identical'] else 'NO'} |")
     cuda = device.type == "cuda"
-    print(f"\nhost overhead of the fast step: wall time (median of {args.rounds} rounds) against kernel time "
+    print(f"\nhost overhead of the fast step, {args.arrivals} arrivals: wall time (median of {args.rounds} rounds) "
+          "against kernel time "
           f"({'GPU activities' if cuda else 'CPU compute operators'}, one profiled round); "
           "`simulserve bench step -h` defines each column")
-    print("| step | batch size | steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | operators/step | "
+    print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | operators/step | "
           "uploads/step | reads/step | " + ("launches/step | memcpy/step | syncs/step | " if cuda else "")
           + "identical | same as first |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if cuda else "") + ":---:|:---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if cuda else "") + ":---:|:---:|")
     for r in host:
         extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | "
                  if cuda else "")
         ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
-        print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {r['step_wall_ms']:.2f} | "
+        print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | {r['step_wall_ms']:.2f} | "
               f"{r['kernel_ms_per_step']:.3f} | {r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {ratio} | "
               f"{r['operators_per_step']:.0f} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
               f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
@@ -252,7 +259,7 @@ def run_step(args) -> int:
               "word (median of 5 rounds, models/step_choice.py)")
         print(choice.table())
     out = {"device": str(device), "dtype": args.dtype, "machine": _machine(device), "step": rows,
-           "host_overhead": host, "auto": choice.describe() if choice else None}
+           "arrivals": args.arrivals, "host_overhead": host, "auto": choice.describe() if choice else None}
     if args.gemm:
         from models.benchmarks.engine import gemm_rates
         out["gemm"] = gemm_rates()

@@ -32,6 +32,14 @@ class SentenceResult:
     # per advance, so a long-form run can put the sentence's steps on a talk's clock
     steps: list[tuple[int, bool, float, int]] | None = None
 
+    @classmethod
+    def of(cls, source: str, s, compute_s: float, steps=None) -> "SentenceResult":
+        """The result of a finished stream state `s` (models/stream.py) translating `source`."""
+        return cls(source=source, prediction=s.translation, delays=s.delays,
+                   subword_delays=[w.subword_delay for w in s.words], token_delays=list(s.token_delays),
+                   source_words=len(s.source_words), source_subwords=len(s.source_tokens),
+                   target_tokens=len(s.target_tokens), compute_ms=round(compute_s * 1000, 3), steps=steps)
+
     def to_json(self) -> str:
         d = asdict(self)
         if d["steps"] is None:
@@ -89,12 +97,8 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
                         raise RuntimeError(f"stream {start + i} stalled after the end of its source "
                                            "(a decoder bug; please report it with the sentence)")
             for i, s in enumerate(states):
-                results.append(SentenceResult(
-                    source=group[i], prediction=s.translation, delays=s.delays,
-                    subword_delays=[w.subword_delay for w in s.words], token_delays=list(s.token_delays),
-                    source_words=len(s.source_words), source_subwords=len(s.source_tokens),
-                    target_tokens=len(s.target_tokens), compute_ms=round(compute[i] * 1000, 3),
-                    steps=timeline[i] if timeline is not None else None))
+                results.append(SentenceResult.of(group[i], s, compute[i],
+                                                 steps=timeline[i] if timeline is not None else None))
                 if tokens_out is not None:
                     tokens_out.append(list(s.target_tokens))
                 if progress is not None:

@@ -142,8 +142,8 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "no_stutter 3, no_repeat_ngram 0" in r.stdout   # the decoding rules the figures were taken with
     lines = r.stdout.splitlines()
-    head = lines.index("| step | batch size | steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | "
-                       "operators/step | uploads/step | reads/step | identical | same as first |")
+    head = lines.index("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | "
+                       "wall/kernel | operators/step | uploads/step | reads/step | identical | same as first |")
     assert lines.index("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |") \
         < head
     body = lines[head + 2:head + 8]
@@ -151,7 +151,7 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
                                                       for b in (1, 2)]
     assert all(row.endswith("| yes | yes |") for row in body)
     for row in body:   # host time = wall - kernel, printed beside them
-        wall, kernel, host = (float(row.split("|")[i]) for i in (4, 5, 6))
+        wall, kernel, host = (float(row.split("|")[i]) for i in (5, 6, 7))
         assert abs(host - (wall - kernel)) < 0.011, row
     # what --step auto would choose here, with its timings, under the CPU it ran on
     assert r.stdout.count("CPU: ") == 1 and "--step auto here:" in r.stdout
@@ -163,7 +163,9 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     assert all(h["uploads_per_step"] <= 1.0 for h in rows)
     # every step dispatches operators (tens of them per layer); the column shows them per form
     assert all(h["operators_per_step"] > 10 for h in rows)
-    assert [float(row.split("|")[8]) for row in body] == [round(h["operators_per_step"]) for h in rows]
+    assert [float(row.split("|")[9]) for row in body] == [round(h["operators_per_step"]) for h in rows]
+    assert all(0 < h["encoding_share"] <= 1 for h in rows)
+    assert [row.split("|")[4].strip() for row in body] == [f"{100 * h['encoding_share']:.0f}%" for h in rows]
     bad = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src), "--paths", "jit")
     assert bad.returncode == 2 and "--paths: unknown step form(s) jit" in bad.stderr
     assert all(h["kernel_source"] == "cpu compute operators" for h in data["host_overhead"])

@@ -12,6 +12,7 @@ every value read back also makes the host wait for the device. This module measu
   on CUDA, the time of every GPU activity (kernels, memcpy, memset) / steps;
   on CPU, the self CPU time of the innermost compute operators / steps (`compute_op_time`);
 - **wall / kernel**: the host's share; 1 would mean the step is nothing but its kernels;
+- **encoding steps**: the share of steps that ran the encoder (how the words arrive decides it: `ARRIVALS`);
 - **operators per step**: the aten:: operators the step's Python code dispatched (not those nested in
   another): host time each, and on a GPU a launch each unless a CUDA graph replays it;
 - **uploads per step**: `aten::lift_fresh` events, i.e. tensors made from Python values
@@ -70,7 +71,12 @@ class TimedDecoder(StreamingDecoder):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.step_seconds: list[float] = []
+        self.encoding_steps = 0    # steps that ran the encoder (a step encodes at most once)
         self.sync_each_step = self.device.type == "cuda"
+
+    def _encode(self, *args, **kwargs):
+        self.encoding_steps += 1
+        return super()._encode(*args, **kwargs)
 
     def step(self, *args, **kwargs):
         t0 = time.perf_counter()
@@ -174,11 +180,16 @@ PROFILED = 64   # most sentences in the profiled round of a small batch size
 
 def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 32), sentences: int = 32,
                         rounds: int = 3, max_words: int = 30, progress=None, paths=("default",),
-                        options=None) -> list[dict]:
+                        options=None, arrivals: str = "lockstep") -> list[dict]:
     """Per step form (models/step_form.FORMS) and batch size: the streaming step's mean wall time against
     its kernel time, and the host↔device traffic per step (module docstring), over the first
     `sentences` source lines of 1-`max_words` words arriving word by word (as `bench_fast_paths`
-    chooses them). Every form must write the same as the first (`same_as_first`)."""
+    chooses them). Every form must write the same as the first (`same_as_first`). arrivals: `lockstep`
+    (`simulate`: batches of sentences, every waiting stream's next word at once) or `staggered`
+    (models/benchmarks/staggered.py: as many streams as the batch size, words arriving out of phase, as
+    in a server, so that most steps encode)."""
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals: one of {', '.join(ARRIVALS)}")
     chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
     if not chosen:
         raise ValueError(f"no source line of 1-{max_words} words")
@@ -187,7 +198,7 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
         dec = TimedDecoder(model, tok, form=path, options=options)
         if dec.form.graphs:   # captured once for every batch size of the run, as a server does at start-up
             dec.capture_graphs(max(batch_sizes), max(batch_sizes))
-        for row in _bench_one(dec, chosen, batch_sizes, rounds, progress):
+        for row in _bench_one(dec, chosen, batch_sizes, rounds, progress, ARRIVALS[arrivals]):
             row["path"] = path
             outs = row.pop("_outputs")
             row["same_as_first"] = outs == first.setdefault(row["batch_size"], outs)
@@ -195,22 +206,35 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
     return rows
 
 
-def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int, progress) -> list[dict]:
+def _lockstep(dec, sentences, b):
+    return simulate(dec, sentences, batch_size=b)
+
+
+def _staggered(dec, sentences, b):
+    from models.benchmarks.staggered import staggered
+    return staggered(dec, sentences, streams=b)
+
+
+ARRIVALS = {"lockstep": _lockstep, "staggered": _staggered}
+
+
+def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int, progress, drive=_lockstep) -> list[dict]:
     cuda = dec.device.type == "cuda"
 
     def outputs(results):
         return [(r.target_tokens, r.token_delays, r.prediction) for r in results]
     rows = []
     for b in batch_sizes:
-        simulate(dec, chosen[:b], batch_size=b)   # first-call costs out of the timings
+        drive(dec, chosen[:b], b)   # first-call costs out of the timings
         wall, timed = [], None
         for _ in range(rounds):
-            dec.step_seconds = []
-            timed = outputs(simulate(dec, chosen, batch_size=b))
+            dec.step_seconds, dec.encoding_steps = [], 0
+            timed = outputs(drive(dec, chosen, b))
             if not dec.step_seconds:   # the clock sits on step(); a loop that bypasses it measures nothing
                 raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
             wall.append(statistics.mean(dec.step_seconds))
             steps = len(dec.step_seconds)
+            encoding = dec.encoding_steps / steps
             if progress is not None:
                 progress.update(1)
         dec.step_seconds, dec.sync_each_step = [], False   # the profile counts the step's own syncs only
@@ -218,14 +242,14 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
         # small batches: the profiler keeps every operator event, and 256 sentences one by one ran out of memory
         profiled = chosen[:max(b, min(len(chosen), PROFILED))]
         try:
-            prof = profile_traffic(lambda: outputs(simulate(dec, profiled, batch_size=b)), cuda)
+            prof = profile_traffic(lambda: outputs(drive(dec, profiled, b)), cuda)
         finally:
             dec.sync_each_step = cuda
         if progress is not None:
             progress.update(1)
         n = len(dec.step_seconds)
         row = {"batch_size": b, "sentences": len(chosen), "target_tokens": sum(o[0] for o in timed),
-               "steps": steps, "step_wall_ms": statistics.median(wall) * 1000,
+               "steps": steps, "encoding_share": encoding, "step_wall_ms": statistics.median(wall) * 1000,
                "kernel_ms_per_step": prof["kernel_s"] * 1000 / n,
                "uploads_per_step": prof["uploads"] / n, "reads_per_step": prof["reads"] / n,
                "operators_per_step": prof["operators"] / n,
