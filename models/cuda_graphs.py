@@ -1,4 +1,5 @@
-"""The decoder step and the encoder's chunk step as CUDA graphs, captured once at start-up (the `graphs` form).
+"""The decoder step as CUDA graphs, captured once at start-up (the `graphs` form; `graphs-encoder` adds the
+encoder's chunk step).
 
 A decoder step of a few hundred rows is ~0.5 ms of kernels and several ms of Python and kernel launches
 (docs/benchmarks.md). A CUDA graph replays all of its kernels with one launch. What makes the step
@@ -10,9 +11,9 @@ capturable:
   (models/slot_state.py), which the host changes between replays with small eager writes;
 - no host read inside: the form is sync-free and the token filters that ban per row are off.
 
-The causal encoder's chunk step (the new source subwords of every stream that read words) is captured too,
-per batch, chunk width (1, 2, 4, 8 subwords) and cache length: in a loaded server nearly every step
-encodes something, and eagerly that is ~220 operators, each a launch on a GPU. Its padding (rows of the
+With `graphs-encoder` the causal encoder's chunk step (the new source subwords of every stream that read
+words) is captured too, per batch, chunk width (1, 2, 4, 8 subwords) and cache length: in a loaded server
+nearly every step encodes something, and eagerly that is ~180 operators, each a launch on a GPU. Its padding (rows of the
 scratch slot, positions past a row's new subwords) writes only into the scratch slot. A wider chunk (a
 sentence pushed whole) runs eagerly on the same fixed pool, which is just as correct.
 
@@ -45,9 +46,9 @@ def powers_of_two(up_to: int, start: int = 1) -> list[int]:
 
 
 class DecoderGraphs:
-    """The captured steps of one decoder: the decoder step per (batch, cache length), and the causal encoder's
-    chunk step per (batch, chunk width, cache length). With the server's 256-stream batches that is 54
-    decoder graphs and 216 encoder graphs, captured in one memory pool (a graph's buffers are reused by the
+    """The captured steps of one decoder: the decoder step per (batch, cache length), and given `widths` the
+    causal encoder's chunk step per (batch, chunk width, cache length). With the server's 256-stream batches
+    that is 54 decoder graphs, and 216 encoder graphs more, captured in one memory pool (a graph's buffers are reused by the
     next: they never run at the same time)."""
 
     def __init__(self, decoder, batch_sizes: list[int], lengths: list[int], widths: list[int] | None = None):

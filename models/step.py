@@ -229,12 +229,12 @@ class StreamingDecoder:
         # are encoded together, as one chunk. Everything the step needs from the host goes
         # to the device in one copy (the encoder's new subwords and the decoder's rows)
         upload = Upload()
-        todo = self._plan_encode([states[i] for i in compute], upload)
+        todo, enc_shape = self._plan_encode([states[i] for i in compute], upload)
         if batch:
             lengths = self._plan_decode([states[i] for i in batch], upload)
         sent = upload.send(self.device)
         if todo:
-            self._encode(todo, sent)
+            self._encode(todo, sent, enc_shape)
         for i in beams:
             s = states[i]
             s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
@@ -303,13 +303,15 @@ class StreamingDecoder:
             cap = min(cap, MAX_LEN_A * s.available + MAX_LEN_B)
         return cap
 
-    def _plan_encode(self, states: list[StreamState], upload: Upload) -> list[StreamState]:
-        """The streams with source positions to encode; their subwords and cache positions
-        are added to `upload` (host lists: no device work yet)."""
+    def _plan_encode(self, states: list[StreamState], upload: Upload
+                     ) -> tuple[list[StreamState], tuple[int, int, int] | None]:
+        """The streams with source positions to encode, and the captured (batch, width, cache length) their
+        chunk step pads to (None: it runs eagerly); their subwords and cache positions are added to `upload`
+        (host lists: no device work yet)."""
         todo = [s for s in states if s.n_encoded < s.available and not s.done
                 and (self.cfg.causal_encoder or s.source_finished)]
         if not todo:
-            return todo
+            return todo, None
         eos = self.cfg.eos_id
         new = [(s.source_tokens + [eos] * s.source_finished)[s.n_encoded:s.available] for s in todo]
         width = max(map(len, new))
@@ -322,18 +324,18 @@ class StreamingDecoder:
             rows += [[self.scratch, 0, 0]] * (batch - len(rows))
         upload.add("enc_tokens", [x + [self.cfg.pad_id] * (width - len(x)) for x in new], (len(new), width))
         upload.add("enc_rows", rows, (len(rows), 3))
-        if shape is not None:   # (no "enc_new": _encode takes that as the sign of a captured step)
-            return todo
+        if shape is not None:
+            return todo, shape
         # one entry per new position: (row, index in the chunk, slot, cache position)
         upload.add("enc_new", [[r, i, s.slot, s.n_encoded + i] for r, (s, x) in enumerate(zip(todo, new))
                                for i in range(len(x))], (sum(map(len, new)), 4))
-        return todo
+        return todo, None
 
-    def _encode(self, todo: list[StreamState], sent: dict[str, torch.Tensor]) -> None:
+    def _encode(self, todo: list[StreamState], sent: dict[str, torch.Tensor],
+                shape: tuple[int, int, int] | None = None) -> None:
         tokens = sent["enc_tokens"]
-        if "enc_new" not in sent:   # padded to a captured shape (_plan_encode)
-            length = self.graphs.encoder_shape(*tokens.shape, max(s.n_encoded for s in todo))[2]
-            self.graphs.run_encoder(tokens, sent["enc_rows"], length)
+        if shape is not None:   # padded to a captured shape (_plan_encode)
+            self.graphs.run_encoder(tokens, sent["enc_rows"], shape[2])
             for s in todo:
                 s.n_encoded = s.available
             return

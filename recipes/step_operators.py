@@ -8,6 +8,7 @@ time. Run from a checkout (or point --tree at another one, e.g. a worktree of an
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 from pathlib import Path
@@ -22,6 +23,11 @@ def main() -> None:
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose code runs (default: this one)")
     ap.add_argument("--source", default=str(ROOT / "data/de-en-everyday/test.unseen.de"))
     args = ap.parse_args()
+    # this checkout's counter, loaded on its own (the tree measured may be older and lack it)
+    spec = importlib.util.spec_from_file_location("operators", ROOT / "models/benchmarks/operators.py")
+    operators = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(operators)
+    top_level_operators = operators.top_level_operators
     sys.path.insert(0, args.tree)
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -41,13 +47,7 @@ def main() -> None:
         def call(*a, **k):
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 out = fn(*a, **k)
-            spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in prof.profiler.kineto_results.events()
-                           if e.name().startswith("aten::"))
-            n, end = 0, -1
-            for start, stop in spans:   # operators no other operator encloses: those Python dispatched
-                n += start >= end
-                end = max(end, stop)
-            counts[name].append(n)
+            counts[name].append(top_level_operators(prof.profiler.kineto_results.events()))
             return out
         return call
     dec._encode, dec._decode = counted("encoder", dec._encode), counted("decoder", dec._decode)

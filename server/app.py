@@ -554,15 +554,15 @@ class Session:
                                     f"({osw + sw} subwords); the limits are {limits.max_words_per_sentence} words and "
                                     f"{limit} subwords: message rejected, end the sentence earlier",
                                     msg_id, rejected_words=n)
-            encoded.append(pieces)
+            encoded.append((pieces, sw))
             ow, osw = (0, 0) if ends else (ow + len(ws), osw + sw)
         self.partial = partial
         t = time.monotonic()
-        for (ws, ends), pieces in zip(plan, encoded):
+        for (ws, ends), (pieces, sw) in zip(plan, encoded):
             if ws:
                 eng.push(self.h, ws, t, pieces)
             self.open_words += len(ws)
-            self.open_subwords += sum(map(len, pieces))
+            self.open_subwords += sw
             if self.boundary is not None:
                 self.open_text.extend(ws)
             if ends:

@@ -35,6 +35,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
+from models.benchmarks.operators import top_level_operators
 from models.step import StreamingDecoder
 from models.translate import simulate
 
@@ -134,18 +135,6 @@ def compute_op_time(events) -> float:
     ns = sum(self_ns for name, _, self_ns, blocked, calls in _nest(events)
              if is_compute(name) and not blocked and not calls)
     return ns / 1e9
-
-
-def top_level_operators(events) -> int:
-    """Operators the Python code dispatched (aten:: events that no other aten:: event encloses): each costs host
-    time, and on a GPU each one that computes is a kernel launch, unless a CUDA graph replays it."""
-    spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name().startswith("aten::"))
-    count, end = 0, -1
-    for start, stop in spans:
-        if start >= end:
-            count += 1
-        end = max(end, stop)
-    return count
 
 
 def profile_traffic(fn, cuda: bool = False) -> dict:
