@@ -113,17 +113,19 @@ def measure(model, tok, options=None, forms=None, batches=BATCHES, rounds: int =
 
 
 def gpu_form(device: torch.device, dtype: torch.dtype, options=None) -> tuple[str, str]:
-    """`auto` on a GPU: the `graphs` form where it has passed its equivalence tests there (CUDA, float32: graph
-    replay = eager = CPU for every policy, batched = single stream, on an H200; recipes/gpu/check.sh) and no
-    per-row bans are asked for (planned on the host, they cannot be captured); else `default` (sync-free)."""
+    """`auto` on a GPU: the `graphs-encoder` form (decoder and encoder chunk steps as CUDA graphs) where it has
+    passed its equivalence tests there (CUDA, float32: graph replay = eager = CPU for every policy, batched =
+    single stream, on an H200; recipes/gpu/check.sh) and no per-row bans are asked for (planned on the host,
+    they cannot be captured); else `default` (sync-free). It replaced `graphs` (decoder only) after the H200
+    measured it at 1.5-1.8x kernel time per step against 2.2-3.9x (docs/benchmarks.md)."""
     from models.decoding import banning_filters
     if device.type != "cuda":
         return REFERENCE, f"not timed on {device.type}: {REFERENCE}"
     if dtype != torch.float32:
         return REFERENCE, f"CUDA graphs are tested in float32 only, not {str(dtype).replace('torch.', '')}: {REFERENCE}"
     if options is not None and banning_filters(options):
-        return REFERENCE, f"no_repeat_ngram / no_stutter are planned per row on the host: {REFERENCE}, not graphs"
-    return "graphs", "CUDA, float32: the decoder step as CUDA graphs captured at start-up"
+        return REFERENCE, f"no_repeat_ngram / no_stutter are planned per row on the host: {REFERENCE}, not CUDA graphs"
+    return "graphs-encoder", "CUDA, float32: the decoder and encoder steps as CUDA graphs captured at start-up"
 
 
 def _cache_key(model, forms, batches) -> str:

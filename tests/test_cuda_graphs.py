@@ -116,7 +116,10 @@ def test_server_captures_before_ready_and_streams_the_same(trained, form, one_to
         info = httpx.get(srv.http + "/v1/models").json()["models"][0]
         assert info["step_form"]["graphs"] and info["graphs"]["batch_sizes"] == [1, 2, 4]
         captured = info["graphs"]
-        assert capture_line(captured).startswith(f"captured at start-up: {captured['graphs']} fixed shapes (eager), "
+        # replayed as CUDA graphs where the server runs on a GPU, the same fixed shapes run eagerly elsewhere
+        assert captured["replayed"] == torch.cuda.is_available()
+        kind = "CUDA graphs" if torch.cuda.is_available() else "fixed shapes (eager)"
+        assert capture_line(captured).startswith(f"captured at start-up: {captured['graphs']} {kind}, "
                                                  f"{captured['encoder_graphs']} of them the encoder's, in ")
         # a decoder graph per (batch, length), an encoder graph per (batch, chunk width, length)
         assert captured["encoder_graphs"] == 3 * len(captured["widths"]) * len(captured["lengths"])

@@ -88,13 +88,13 @@ def test_auto_does_not_resolve_without_a_decoder():
         FORMS["auto"].resolve(torch.device("cpu"), torch.float32)
 
 
-def test_auto_on_a_gpu_is_the_graphs_form_where_it_was_tested():
-    """No timing on a GPU: graphs (CUDA, float32, no per-row bans), else the sync-free default."""
+def test_auto_on_a_gpu_is_the_graphs_encoder_form_where_it_was_tested():
+    """No timing on a GPU: graphs-encoder (CUDA, float32, no per-row bans), else the sync-free default."""
     from models.decoding import DecodingOptions
     from models.step_choice import gpu_form
     cuda = torch.device("cuda")
-    assert gpu_form(cuda, torch.float32)[0] == "graphs"
-    assert gpu_form(cuda, torch.float32, DecodingOptions())[0] == "graphs"
+    assert gpu_form(cuda, torch.float32)[0] == "graphs-encoder"
+    assert gpu_form(cuda, torch.float32, DecodingOptions())[0] == "graphs-encoder"
     assert gpu_form(cuda, torch.bfloat16)[0] == "default"
     form, why = gpu_form(cuda, torch.float32, DecodingOptions(no_repeat_ngram=3))
     assert form == "default" and "host" in why
