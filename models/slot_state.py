@@ -7,7 +7,7 @@ key/value caches). A step gathers its rows by slot and writes them back on the d
 - `avail`, `finished`: the source the stream has read; the host writes a row only when it changed
   (a READ took words, the source ended) or was written on the host (beam search, the length cap);
 - the policy's fields (`k`, `delta`, GMA's `running` sums) and a variant's carried `context`, set when a stream
-  starts (`Policy.reset_slot`) and never read on the host.
+  starts (`Policy.slot_values`, written with every other new stream's by `reset_rows`) and never read on the host.
 Fields a model does not use are None.
 """
 from __future__ import annotations
@@ -64,6 +64,19 @@ class SlotState:
         """A new stream in `slot`: zero rows (fills of views: no host-made tensor, no transfer)."""
         for t in self.tensors().values():
             t[slot].zero_()
+
+    def reset_rows(self, fresh: torch.Tensor, names: list[str]) -> None:
+        """Streams new in their slots, all at once (a few operators a step, not a handful per stream): fresh
+        (M, 1 + len(names)) on the device, each row a slot and the float64 bit patterns (as int64) of its
+        policy's `names` values. Every other field but those write_rows sets (t, prev, avail, finished: a new
+        stream's row is uploaded by its first step) starts at zero."""
+        slots = fresh[:, 0]
+        values = fresh[:, 1:].view(torch.float64) if names else None
+        for name, tensor in self.tensors().items():
+            if name in names:
+                tensor.index_copy_(0, slots, values[:, names.index(name)].to(tensor.dtype))
+            elif name not in ("t", "prev", "avail", "finished"):
+                tensor.index_fill_(0, slots, 0)
 
     def write_rows(self, rows: torch.Tensor) -> None:
         """rows (M, 5) on the device: slot, t, prev, avail, finished of the streams the host changed."""

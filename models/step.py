@@ -8,6 +8,7 @@ drive this method; `advance()` is just "step until every stream waits".
 """
 from __future__ import annotations
 
+import struct
 import time
 
 import torch
@@ -28,9 +29,16 @@ from models.upload import Upload
 # once the source has ended, a target longer than a * |x| + b is cut with EOS
 MAX_LEN_A, MAX_LEN_B = 2, 10
 # the encoder chunk widths (new subwords per stream in one step) the graphs-encoder form captures: a word or a
-# few words read while the policy waited; wider chunks run eagerly
-ENCODER_WIDTHS = [1, 2, 4, 8]
+# few read while the policy waited (1-8), and a whole sentence or chat message pushed at once (16-64: one such
+# row in a step made the whole step's encoder run eagerly, every step of a server flooded with whole sentences);
+# wider chunks run eagerly
+ENCODER_WIDTHS = [1, 2, 4, 8, 16, 32, 64]
 
+
+
+def _bits(value: float) -> int:
+    """A float's float64 bit pattern as an int (Upload carries int64; SlotState.reset_rows views it back)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,
@@ -109,10 +117,11 @@ class StreamingDecoder:
             b *= 2
         return min(b, self.cfg.max_positions)
 
-    def capture_graphs(self, capacity: int, max_batch: int) -> dict:
+    def capture_graphs(self, capacity: int, max_batch: int, widths: list[int] | None = None) -> dict:
         """The `graphs` form, once, before any stream: a fixed pool of `capacity` stream slots (plus the
         scratch slot), then every padded batch size up to `max_batch` and every cache length captured
-        (models/cuda_graphs.py). Returns what the capture took (graphs, seconds, device bytes)."""
+        (models/cuda_graphs.py); graphs-encoder also every encoder chunk width in `widths` (default
+        ENCODER_WIDTHS, those within max_positions). Returns what the capture took (graphs, seconds, device bytes)."""
         from models.cuda_graphs import DecoderGraphs, powers_of_two
         if not self.form.graphs:
             raise StepFormError(f"step form {self.form.name!r} captures no graphs (use --step graphs)")
@@ -133,7 +142,8 @@ class StreamingDecoder:
         self._static_shapes()
         lengths = sorted({self.bucket(n) for n in powers_of_two(self.cfg.max_positions, 8)})
         graphs = DecoderGraphs(self, powers_of_two(max_batch), lengths,
-                               widths=ENCODER_WIDTHS if self.form.graph_encoder else None)
+                               widths=[w for w in widths or ENCODER_WIDTHS if w <= self.cfg.max_positions]
+                               if self.form.graph_encoder else None)
         stats = graphs.capture()
         self.graphs = graphs
         return stats
@@ -152,8 +162,9 @@ class StreamingDecoder:
     def new_stream(self, k: int | None = None, delta: float | None = None, beam: int = 1,
                    record: bool = False, policy: Policy | None = None) -> StreamState:
         policy = policy or make_policy(self.cfg, k=k, delta=delta, beam=beam)
+        # no device work here: the slot's rows are reset by the stream's first decoder trial, with every other
+        # new stream's at once (fresh; t, prev, avail, finished come with its first upload: dirty)
         s = StreamState(policy=policy, slot=self.pool.allocate())
-        self.pool.reset(s.slot, policy)     # (t, prev, avail, finished: uploaded by its first step: dirty)
         if record:
             s.record = []
         return s
@@ -405,6 +416,13 @@ class StreamingDecoder:
                 width *= 2
             slots += [self.scratch] * (width - len(slots))
         upload.add("dec_slots", slots, (len(slots),))
+        fresh = [s for s in states if s.fresh]
+        if fresh:   # new streams: their slots' policy values (float64 bit patterns: the upload is int64)
+            names = list(fresh[0].policy.slot_values())
+            upload.add("fresh", [[s.slot] + [_bits(s.policy.slot_values()[n]) for n in names] for s in fresh],
+                       (len(fresh), 1 + len(names)))
+            for s in fresh:
+                s.fresh = False
         changed = [s for s in states if s.dirty]
         if changed:
             bos = self.cfg.bos_id
@@ -426,6 +444,9 @@ class StreamingDecoder:
         sums, a variant's context) stay in the pool's slot rows; what comes back to the host is
         one (B, 3) copy: READ or not, the source it needs, the token."""
         slots = sent["dec_slots"]
+        if "fresh" in sent:
+            # (one policy class per model: every stream's values have the same names)
+            self.pool.rows.reset_rows(sent["fresh"], list(states[0].policy.slot_values()))
         if "changes" in sent:
             self.pool.rows.write_rows(sent["changes"])
         record = any(s.record is not None for s in states)   # (a diagnostic for plots: it runs eager)

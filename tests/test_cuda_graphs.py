@@ -32,9 +32,9 @@ def outputs(results):
 
 
 def graphed(dec: StreamingDecoder, capacity: int = 16, max_batch: int = 8, device=None,
-            form: str = "graphs") -> StreamingDecoder:
+            form: str = "graphs", widths: list[int] | None = None) -> StreamingDecoder:
     g = StreamingDecoder(dec.model.to(device) if device else dec.model, dec.tok, form=form)
-    g.capture_graphs(capacity, max_batch)
+    g.capture_graphs(capacity, max_batch, widths)
     return g
 
 
@@ -49,13 +49,18 @@ def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, form
     assert g.graphs.replays > 0   # the steps went through the captured shapes, not around them
     # the encoder's chunk step went through its captured shapes in graphs-encoder (a causal encoder) only
     assert (g.graphs.encoder_replays > 0) == (form == "graphs-encoder" and g.cfg.causal_encoder)
-    # a whole sentence at once: chunks wider than the captured widths run eagerly on the same fixed pool
-    wide = g.graphs.encoder_replays
-    assert (outputs(simulate(g, SENTENCES, batch_size=4, whole_sentence=True))
-            == outputs(simulate(dec, SENTENCES, batch_size=4, whole_sentence=True)))
+    # a whole sentence at once: a captured width up to 64 subwords (a chat message, a flooding client)
+    whole = outputs(simulate(dec, SENTENCES, batch_size=4, whole_sentence=True))
+    before = g.graphs.encoder_replays
+    assert outputs(simulate(g, SENTENCES, batch_size=4, whole_sentence=True)) == whole
     assert g.streams_in_cache == 0
     if form == "graphs-encoder" and g.cfg.causal_encoder:
-        assert g.graphs.encoder_replays > wide   # (the short sentences still fit a captured width)
+        assert g.graphs.encoder_replays > before
+        assert g.graphs.encoder_shape(3, 9, 0)[:2] == (4, 16) and g.graphs.encoder_shape(3, 65, 0) is None
+    # chunks wider than the captured widths run eagerly on the same fixed pool
+    narrow = graphed(dec, form=form, widths=[1, 2])
+    assert outputs(simulate(narrow, SENTENCES, batch_size=4, whole_sentence=True)) == whole
+    assert narrow.streams_in_cache == 0
 
 
 def test_encoder_padding_writes_only_the_scratch_slot(piece_tok, one_torch_thread):
@@ -152,3 +157,6 @@ def test_cuda_graph_replay_equals_eager_and_cpu(piece_tok, policy, form):
         assert outputs(simulate(g, SENTENCES, batch_size=batch)) == want
     assert g.graphs.replays > 0
     assert (g.graphs.encoder_replays > 0) == (form == "graphs-encoder" and g.cfg.causal_encoder)
+    # whole sentences at once: the wide captured widths (16-64 subwords) replayed against the CPU
+    assert (outputs(simulate(g, SENTENCES, batch_size=4, whole_sentence=True))
+            == outputs(simulate(cpu, SENTENCES, batch_size=4, whole_sentence=True)))

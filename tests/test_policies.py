@@ -133,3 +133,32 @@ def test_the_slot_rows_follow_the_host(word_tok):
         for s, r in zip(states, simulate(dec, SENTENCES, chunks=[[2, len(x.split()) - 2] if len(x.split()) > 2
                                                                    else [len(x.split())] for x in SENTENCES])):
             assert (s.translation, s.token_delays) == (r.prediction, r.token_delays)
+
+
+@pytest.mark.parametrize("policy,setting,values", [("gma", "delta", (0.5, 2.0)), ("waitk", "k", (1, 3))])
+def test_a_reused_slot_starts_from_its_new_streams_values(word_tok, policy, setting, values):
+    """A new stream touches no device memory: its slot's rows (the policy's values, GMA's running sums) are
+    reset by its first step, with every other new stream's. A slot reused after a stream with other values
+    and sums writes what a decoder that never used it writes."""
+    from tests.test_cuda_graphs import outputs
+    fresh_dec = random_decoder(word_tok, policy, seed=4)
+    want = outputs(simulate(fresh_dec, SENTENCES[:2], batch_size=2, **{setting: values[1]}))
+    dec = random_decoder(word_tok, policy, seed=4)
+    outputs(simulate(dec, SENTENCES, batch_size=4, **{setting: values[0]}))   # every slot used and freed
+    before = {n: t.clone() for n, t in dec.pool.rows.tensors().items()}
+    s = dec.new_stream(**{setting: values[1]})
+    assert s.fresh and all(torch.equal(before[n], t) for n, t in dec.pool.rows.tensors().items())
+    # once it has decoded, its slot's rows are what a never-used decoder's first slot holds after the same steps
+    ref = fresh_dec.new_stream(**{setting: values[1]})
+    for d, x in ((dec, s), (fresh_dec, ref)):
+        d.push(x, SENTENCES[1].split())
+        d.advance([x])
+    assert s.slot == ref.slot == 0 and not s.fresh
+    for name, t in dec.pool.rows.tensors().items():
+        assert torch.equal(t[s.slot], fresh_dec.pool.rows.tensors()[name][ref.slot]), name
+    assert float(getattr(dec.pool.rows, setting)[s.slot]) == values[1]
+    dec.close(s)
+    fresh_dec.close(ref)
+    assert outputs(simulate(dec, SENTENCES[:2], batch_size=2, **{setting: values[1]})) == want
+    if policy == "gma":   # (the earlier streams left sums in the slots: the reset is what made them equal)
+        assert before["running"].abs().sum() > 0

@@ -4,7 +4,7 @@ A policy owns four things, so that adding one is a file of its own (models/polic
 - its settings and their validation (`make`), and how /v1/models shows them (`knobs`);
 - its READ/WRITE rule before any model compute (`must_read`) and how much source a READ asks for (`need`);
 - its cross-attention window (`window`, a classmethod the Transformer calls for the model's policy);
-- what it keeps per cache slot on the device (`slot_fields`, written at `reset_slot`).
+- what it keeps per cache slot on the device (`slot_fields`; a new stream's values: `slot_values`).
 The decoding loop (models/step.py) calls these and never asks which policy it runs.
 """
 from __future__ import annotations
@@ -88,6 +88,7 @@ class Policy:
         the model reads and writes."""
         return {}
 
-    def reset_slot(self, rows, slot: int) -> None:
-        """A new stream in `slot` of `rows` (models/slot_state.py, zeroed already): its values (fills of
-        views, no transfer)."""
+    def slot_values(self) -> dict[str, float]:
+        """A new stream's values of the slot fields that do not start at zero (models/slot_state.py): the
+        step writes them, for every stream new since the last step at once, before its first decoder trial."""
+        return {}

@@ -63,5 +63,5 @@ class Gma(Policy):
     def slot_fields(cls, cfg):
         return {"delta": ((), torch.float32), "running": ((cfg.decoder_layers,), torch.float32)}
 
-    def reset_slot(self, rows, slot):
-        rows.delta[slot].fill_(self.delta)     # (running: zeroed with the row)
+    def slot_values(self):
+        return {"delta": self.delta}     # (running starts at zero)

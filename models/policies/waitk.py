@@ -56,5 +56,5 @@ class WaitK(Policy):
     def slot_fields(cls, cfg):
         return {"k": ((), torch.long)}
 
-    def reset_slot(self, rows, slot):
-        rows.k[slot].fill_(self.k)
+    def slot_values(self):
+        return {"k": self.k}
