@@ -74,9 +74,9 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
     StepForm("graphs", "packed", sync_free=True, static_shapes=True, graphs=True,
              summary="static shapes, the decoder step as CUDA graphs captured at start-up (on the CPU: run "
                      "eagerly); needs no_repeat_ngram and no_stutter off"),
-    # not the CUDA default until its replay has passed the equivalence tests on a GPU (recipes/gpu/check.sh)
+    # the CUDA default (models/step_choice.py: gpu_form) since it passed the equivalence tests on an H200
     StepForm("graphs-encoder", "packed", sync_free=True, static_shapes=True, graphs=True, graph_encoder=True,
-             summary="graphs, and the causal encoder's chunk step captured too (chunks of up to 8 subwords; "
+             summary="graphs, and the causal encoder's chunk step captured too (chunks of up to 64 subwords; "
                      "wider ones run eagerly)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),

@@ -571,8 +571,11 @@ async def throughput(args, model, sentences, headers, base, pool: ClientPool | N
     rec, cpu = await run_clients(job, sentences, pool, t0)
     wall, after = time.monotonic() - t0, scrape(base)
     bs, bc = delta(before, after, "simulserve_batch_size", model)
+    ss, sc = delta(before, after, "simulserve_step_seconds", model)
     return {"model": model, "target_words_per_s": rec.words_out / wall, "source_words_per_s": rec.words_in / wall,
             "sentences_per_s": rec.sentences / wall, "mean_batch": bs / bc if bc else 0,
+            # a job's cycle against its step: what the engine does between steps shows as the difference
+            "steps_per_s": sc / wall, "mean_step_ms": 1000 * ss / sc if sc else 0, "step_busy": ss / wall,
             **client_figures(rec, cpu), "errors": dict(rec.errors)}
 
 
@@ -779,13 +782,16 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
         else:
             print(f"\nthroughput at {args.throughput_streams} streams, as fast as served "
                   f"({args.throughput_seconds:g} s each)")
-            print("| engine | target words/s | source words/s | sentences/s | mean batch |")
-            print("|---|---:|---:|---:|---:|")
+            print("| engine | target words/s | source words/s | sentences/s | mean batch | steps/s | cycle ms "
+                  "| mean step ms | stepping |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
             rows = [await throughput(args, m, sentences, headers, base, pool)
                     for m in (args.model, args.unbatched_model)]
             for label, r in zip(("batched", "unbatched"), rows):
+                cycle = 1000 / r["steps_per_s"] if r["steps_per_s"] else float("nan")
                 print(f"| {label} ({r['model']}) | {r['target_words_per_s']:.0f} | {r['source_words_per_s']:.0f} | "
-                      f"{r['sentences_per_s']:.1f} | {r['mean_batch']:.1f} |", flush=True)
+                      f"{r['sentences_per_s']:.1f} | {r['mean_batch']:.1f} | {r['steps_per_s']:.0f} | {cycle:.1f} "
+                      f"| {r['mean_step_ms']:.1f} | {100 * r['step_busy']:.0f}% |", flush=True)
             warnings = [w for label, r in zip(("batched", "unbatched"), rows)
                         if (w := busy_warning(f"throughput, {label}", r))]
             if warnings:

@@ -136,3 +136,32 @@ def test_speakers_are_dealt_evenly_and_records_merge_word_by_word():
         "warning: 400 speakers: client process 3 was 95 % busy: the figure may measure the client, not the "
         "server; raise --client-procs")
     assert busy_warning("25 speakers", client_figures(merged, [0.5])) is None
+
+
+def test_the_throughput_table_shows_each_jobs_cycle_against_its_step(tiny_checkpoint, tmp_path, one_torch_thread):
+    """Flat out, the table prints steps/s, the job cycle (wall / steps), the mean step and the stepping share,
+    from the server's own step histogram: a step is part of its job's cycle, so cycle >= step, and the share is
+    their ratio."""
+    ckpt, src = tiny_checkpoint
+    with LiveServer(models={"bench": str(ckpt), "solo": str(ckpt)}, max_connections_per_ip=0, rate_limit=10000,
+                    rate_burst=10000) as srv:
+        steps_before = srv.metric("simulserve_step_seconds_count", model="bench")
+        out = tmp_path / "flat.json"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        r = subprocess.run([sys.executable, "-m", "clients.cli", "bench", "server", "--url", srv.url, "--model", "bench",
+                            "--unbatched-model", "solo", "--input", str(src), "--skip", "ramp,soak",
+                            "--throughput-streams", "4", "--throughput-seconds", "2", "--json", str(out)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        steps = srv.metric("simulserve_step_seconds_count", model="bench") - steps_before
+    lines = r.stdout.splitlines()
+    head = lines.index("| engine | target words/s | source words/s | sentences/s | mean batch | steps/s | cycle ms "
+                       "| mean step ms | stepping |")
+    cells = [c.strip() for c in lines[head + 2].split("|")[1:-1]]
+    assert cells[0] == "batched (bench)" and cells[-1].endswith("%")
+    batched = json.loads(out.read_text())["throughput"]["rows"][0]
+    assert batched["steps_per_s"] > 0 and 0 < batched["mean_step_ms"] <= 1000 / batched["steps_per_s"]
+    assert batched["step_busy"] == pytest.approx(batched["steps_per_s"] * batched["mean_step_ms"] / 1000)
+    # (the server's count includes the steps that finished the phase's last sentences after the clients stopped)
+    assert batched["steps_per_s"] * 2 <= steps
+    assert float(cells[6]) == pytest.approx(1000 / batched["steps_per_s"], abs=0.05)

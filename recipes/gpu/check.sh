@@ -8,15 +8,15 @@
 #
 # Each step has its own time budget (BUDGET_* below, seconds) and a step that runs out is reported as
 # such, so one slow part cannot cost the rest. JSON of every benchmark lands beside REPORT. By default it
-# answers in about 8 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
+# answers in about 7 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
 # bench step (wall against kernel per batch size, eager sync-free against graphs and graphs-encoder), bench
-# server with the server's defaults (graphs, front ends in processes of their own) without admission from 500
-# to 4,000 speakers and flat out at 1,024 streams, the same with --step graphs-encoder (the encoder's chunk
-# step captured too) at 1,000 and 2,000, and a py-spy profile of the engine process at 1,000 speakers; SM
-# utilisation sampled through each server run. Off unless given a budget: parts measured already (the same
-# server in one process, BUDGET_SERVER_ONE=100; admission past capacity, BUDGET_ADMISSION=120; two servers
-# sharing the GPU, BUDGET_TWO=90) and the older ones (bfloat16, bench engine, graph breaks of the compiled
-# form, evaluate: BUDGET_STEP_BF16=50 and so on).
+# server with the server's defaults (graphs-encoder, front ends in processes of their own) without admission
+# from 1,000 to 4,000 speakers and flat out at 1,024 streams, and a py-spy profile of the engine process flat
+# out (PROFILE_SPEAKERS=1000: at 1,000 speakers instead); SM utilisation sampled through each server run. Off
+# unless given a budget: parts measured already (the server with --step graphs, the decoder alone captured,
+# BUDGET_SERVER_DECODER=110; the same server in one process, BUDGET_SERVER_ONE=100; admission past capacity,
+# BUDGET_ADMISSION=120; two servers sharing the GPU, BUDGET_TWO=90) and the older ones (bfloat16, bench
+# engine, graph breaks of the compiled form, evaluate: BUDGET_STEP_BF16=50 and so on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR="${OUT:-.}"
@@ -34,7 +34,7 @@ BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
 BUDGET_SERVER="${BUDGET_SERVER:-150}"
 BUDGET_GRAPHS="${BUDGET_GRAPHS:-0}"
 BUDGET_EVAL="${BUDGET_EVAL:-0}"
-SERVER_LEVELS="${SERVER_LEVELS:-500,1000,1500,2000,4000}"; CLIENT_PROCS="${CLIENT_PROCS:-8}"
+SERVER_LEVELS="${SERVER_LEVELS:-1000,1250,1500,1750,2000,4000}"; CLIENT_PROCS="${CLIENT_PROCS:-8}"
 EVAL_LIMIT="${EVAL_LIMIT:-200}"
 # bench step's size: the full sizes take about 18 s per timed run on an H200 (30 runs in float32), more than
 # a time-boxed run's check has; run_boxed.sh asks for fewer sentences, batch sizes and rounds
@@ -52,8 +52,9 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-8}"
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
-BUDGET_SERVER_ENC="${BUDGET_SERVER_ENC:-110}"   # the server with --step graphs-encoder at ENC_LEVELS and flat out
-ENC_LEVELS="${ENC_LEVELS:-1000,2000}"
+BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
+DECODER_LEVELS="${DECODER_LEVELS:-1000,1500}"
+PROFILE_SPEAKERS="${PROFILE_SPEAKERS:-flat}"   # the engine profile flat out (the throughput target is the one still far)
 BUDGET_SERVER_ONE="${BUDGET_SERVER_ONE:-0}"   # one process: measured at a5b9004 (docs/benchmarks.md); 100 runs it
 ONE_LEVELS="${ONE_LEVELS:-250,500,1000}"
 THROUGHPUT_STREAMS="${THROUGHPUT_STREAMS:-1024}"
@@ -119,19 +120,20 @@ dmon_off() {
   say "" "SM utilisation during this server run (nvidia-smi dmon, % per second): $(awk '$1 ~ /^[0-9]+$/ {n++; s+=$2; if ($2>m) m=$2} END {if (n) printf "mean %.1f, max %d over %d samples", s/n, m, n; else print "no samples"}' "$DIR/dmon_$1.txt")"
 }
 dmon_on defaults
-step "bench server, the server's defaults on CUDA (step auto = graphs, workers auto = $(front_end_count)), no admission" "$BUDGET_SERVER" \
+step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, workers auto = $(front_end_count)), no admission" "$BUDGET_SERVER" \
   simulserve bench server --device $DEVICE --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
 dmon_off defaults
-dmon_on encoder
-step "bench server, --step graphs-encoder (the encoder's chunk step captured too), otherwise the defaults, no admission" "$BUDGET_SERVER_ENC" \
-  simulserve bench server --device $DEVICE --step graphs-encoder --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
-  --levels "$ENC_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
-  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_encoder.json"
-dmon_off encoder
-step "profile of the process that steps the models at ${PROFILE_SPEAKERS:-1000} speakers (py-spy; recipes/gpu/profile_engine.sh)" "$BUDGET_PROFILE" \
-  env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" CLIENT_PROCS="$CLIENT_PROCS" bash recipes/gpu/profile_engine.sh "$DIR"
+dmon_on decoder
+step "bench server, --step graphs (the decoder's step alone captured), otherwise the defaults, no admission" "$BUDGET_SERVER_DECODER" \
+  simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$DECODER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_decoder.json"
+dmon_off decoder
+step "profile of the process that steps the models, $([ "$PROFILE_SPEAKERS" = flat ] && echo "flat out at $THROUGHPUT_STREAMS streams" || echo "at $PROFILE_SPEAKERS speakers") (py-spy; recipes/gpu/profile_engine.sh)" "$BUDGET_PROFILE" \
+  env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" CLIENT_PROCS="$CLIENT_PROCS" PROFILE_SPEAKERS="$PROFILE_SPEAKERS" \
+  THROUGHPUT_STREAMS="$THROUGHPUT_STREAMS" bash recipes/gpu/profile_engine.sh "$DIR"
 dmon_on one
 step "bench server, graphs form in one process (--workers 1), no admission" "$BUDGET_SERVER_ONE" \
   simulserve bench server --device $DEVICE --step graphs --workers 1 --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \

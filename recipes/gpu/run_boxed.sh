@@ -20,8 +20,8 @@ mkdir -p "$DEST" "$TRAIN_DATA"
 tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpacked while the check runs, once for all runs
 . recipes/gpu/env.sh                                # installed once: the runs below must not race on it
 
-# check.sh's own budgets (under 5 minutes: the CUDA-graph tests, bench step, bench server with the graphs
-# form); its older parts stay at budget 0 unless set here.
+# check.sh with its own budgets (the CUDA-graph tests, bench step, bench server with the server's defaults,
+# the engine profile); its older parts stay at budget 0 unless set here.
 bash recipes/gpu/check.sh "$DEST/gpu_check.md"
 # everything else the check wrote beside its report, in one file (the device returns at most 8)
 (cd "$DEST" && files=$(find . -maxdepth 1 -type f ! -name gpu_check.md -printf '%P\n') && [ -n "$files" ] \
