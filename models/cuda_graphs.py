@@ -12,10 +12,10 @@ capturable:
 - no host read inside: the form is sync-free and the token filters that ban per row are off.
 
 With `graphs-encoder` the causal encoder's chunk step (the new source subwords of every stream that read
-words) is captured too, per batch, chunk width (1, 2, 4, 8 subwords) and cache length: in a loaded server
+words) is captured too, per batch, chunk width (1 to 64 subwords, powers of two) and cache length: in a loaded server
 nearly every step encodes something, and eagerly that is ~180 operators, each a launch on a GPU. Its padding (rows of the
 scratch slot, positions past a row's new subwords) writes only into the scratch slot. A wider chunk (a
-sentence pushed whole) runs eagerly on the same fixed pool, which is just as correct.
+long passage pushed whole) runs eagerly on the same fixed pool, which is just as correct.
 
 Captured like vLLM does (facts from its gpu_model_runner: capture at start-up, largest first into one
 memory pool, garbage collection frozen, on the thread that replays, none afterwards): `capture()` runs once,
@@ -48,7 +48,7 @@ def powers_of_two(up_to: int, start: int = 1) -> list[int]:
 class DecoderGraphs:
     """The captured steps of one decoder: the decoder step per (batch, cache length), and given `widths` the
     causal encoder's chunk step per (batch, chunk width, cache length). With the server's 256-stream batches
-    that is 54 decoder graphs, and 216 encoder graphs more, captured in one memory pool (a graph's buffers are reused by the
+    that is 54 decoder graphs, and 378 encoder graphs more (7 widths), captured in one memory pool (a graph's buffers are reused by the
     next: they never run at the same time)."""
 
     def __init__(self, decoder, batch_sizes: list[int], lengths: list[int], widths: list[int] | None = None):
