@@ -368,6 +368,9 @@ async def flooder(url, model, headers, sentences, t_stop, rec: Record, rng) -> N
                 rec.errors[m["code"]] += 1
                 if m["fatal"]:
                     return
+                # a refused sentence (sentence_too_long for the model's positions, say) brings no translation:
+                # waiting for one hung every flooder that drew such a sentence; take the next
+                break
     await ws.close()
 
 
@@ -792,6 +795,9 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
                 print(f"| {label} ({r['model']}) | {r['target_words_per_s']:.0f} | {r['source_words_per_s']:.0f} | "
                       f"{r['sentences_per_s']:.1f} | {r['mean_batch']:.1f} | {r['steps_per_s']:.0f} | {cycle:.1f} "
                       f"| {r['mean_step_ms']:.1f} | {100 * r['step_busy']:.0f}% |", flush=True)
+            for label, r in zip(("batched", "unbatched"), rows):
+                if r["errors"]:   # refused sentences bring no translation: say so beside the figures
+                    print(f"errors, {label}: " + ", ".join(f"{code} {n}" for code, n in sorted(r["errors"].items())))
             warnings = [w for label, r in zip(("batched", "unbatched"), rows)
                         if (w := busy_warning(f"throughput, {label}", r))]
             if warnings:

@@ -141,15 +141,18 @@ def test_speakers_are_dealt_evenly_and_records_merge_word_by_word():
 def test_the_throughput_table_shows_each_jobs_cycle_against_its_step(tiny_checkpoint, tmp_path, one_torch_thread):
     """Flat out, the table prints steps/s, the job cycle (wall / steps), the mean step and the stepping share,
     from the server's own step histogram: a step is part of its job's cycle, so cycle >= step, and the share is
-    their ratio."""
-    ckpt, src = tiny_checkpoint
+    their ratio. A sentence too long for the model's positions is refused and counted, and its flooder goes on
+    with the next one (it used to wait for a translation that never comes, and the run hung)."""
+    ckpt, short = tiny_checkpoint
+    src = tmp_path / "with_a_long_one.txt"
+    src.write_text(short.read_text() + " ".join(["a"] * 60) + "\n")   # 60 subwords: the tiny model has 48 positions
     with LiveServer(models={"bench": str(ckpt), "solo": str(ckpt)}, max_connections_per_ip=0, rate_limit=10000,
                     rate_burst=10000) as srv:
         steps_before = srv.metric("simulserve_step_seconds_count", model="bench")
         out = tmp_path / "flat.json"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         r = subprocess.run([sys.executable, "-m", "clients.cli", "bench", "server", "--url", srv.url, "--model", "bench",
-                            "--unbatched-model", "solo", "--input", str(src), "--skip", "ramp,soak",
+                            "--unbatched-model", "solo", "--input", str(src), "--skip", "ramp,soak", "--max-words", "60",
                             "--throughput-streams", "4", "--throughput-seconds", "2", "--json", str(out)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -165,3 +168,5 @@ def test_the_throughput_table_shows_each_jobs_cycle_against_its_step(tiny_checkp
     # (the server's count includes the steps that finished the phase's last sentences after the clients stopped)
     assert batched["steps_per_s"] * 2 <= steps
     assert float(cells[6]) == pytest.approx(1000 / batched["steps_per_s"], abs=0.05)
+    assert batched["errors"]["sentence_too_long"] > 0 and batched["sentences"] > 0
+    assert any(ln.startswith("errors, batched: sentence_too_long ") for ln in lines)
