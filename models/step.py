@@ -554,6 +554,6 @@ class StreamingDecoder:
         return StepOutput(WRITE, token, released, finished=s.done)
 
     def _release(self, s: StreamState) -> TargetWord:
-        text = self.tok.decode(s.pending).strip()
+        text = self.tok.decode_word(s.pending)
         s.pending = []
         return TargetWord(text, len(s.source_words), s.available)

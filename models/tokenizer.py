@@ -13,6 +13,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 WORD_START = "\u2581"  # ▁
+WORD_MEMO = 100_000     # decoded target words kept (Tokenizer.decode_word): a few MB
 
 
 def squeeze(text: str) -> str:
@@ -35,6 +36,7 @@ class Tokenizer:
         self.word_start = [self.sp.id_to_piece(i).startswith(WORD_START) or self.sp.is_control(i)
                            or self.sp.is_unknown(i) for i in range(n)]
         self.unk_id = self.sp.unk_id()
+        self._words: dict[tuple[int, ...], str] = {}
         # each piece's text as the no-stutter rule compares it (models/decoding.py: squeeze)
         self.piece_text = ["" if self.sp.is_control(i) else squeeze(self.sp.id_to_piece(i)) for i in range(n)]
         # pieces without a letter or digit (",", "-", "'"): a run starting with one is not inside a word
@@ -57,6 +59,20 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.sp.decode(list(ids))
+
+    def decode_word(self, ids: list[int]) -> str:
+        """One target word's pieces as text, stripped (= decode(ids).strip()), remembered: a word is decoded
+        the moment it is complete, on the thread that steps every stream, and words recur (10,150 distinct
+        among the 50,737 of the everyday test references). 1.44 us a word through SentencePiece's wrapper,
+        0.15 from memory on the 2-core EPYC; too little to show in a server's
+        figures there. The memory is bounded: it starts afresh at WORD_MEMO words."""
+        key = tuple(ids)
+        text = self._words.get(key)
+        if text is None:
+            if len(self._words) >= WORD_MEMO:
+                self._words = {}
+            text = self._words[key] = self.sp.decode(list(ids)).strip()
+        return text
 
     def starts_word(self, token: int, previous: int | None = None) -> bool:
         """Whether `token`, written after `previous`, begins a new target word. SentencePiece writes

@@ -1,0 +1,25 @@
+"""Tokenizer.decode_word, the remembered form of decode(ids).strip() that the step calls once per target word:
+the same text for every piece of the shipped vocabulary and for runs of pieces, before and after its memory
+starts afresh."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import models.tokenizer as tokenizer_module
+from models.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_remembered_word_is_what_sentencepiece_decodes(monkeypatch):
+    tok = Tokenizer(ROOT / "models/checkpoints/gma_delta1/spm.model")
+    rng = random.Random(0)
+    words = [[i] for i in range(tok.vocab_size)]   # every piece, the control pieces and <unk> included
+    words += [[rng.randrange(tok.vocab_size) for _ in range(rng.randint(2, 5))] for _ in range(5000)]
+    monkeypatch.setattr(tokenizer_module, "WORD_MEMO", 3000)   # so that the memory starts afresh on the way
+    for _ in range(2):   # the second pass answers from memory where it can
+        for ids in words:
+            assert tok.decode_word(ids) == tok.decode(ids).strip(), ids
+    assert 0 < len(tok._words) <= 3000
+    assert tok.decode_word([]) == ""
