@@ -88,6 +88,7 @@ def test_speakers_spread_over_client_processes_lose_no_word(tiny_checkpoint, tmp
         assert lv["client_busy"] == (lv["client_cpu"] > CLIENT_BUSY)
         assert lv["words_in"] > 0 and lv["words_out"] > 0 and not lv["errors"], lv
         assert lv["timed_words"] == lv["words_out"]   # every word's delay came back from its process
+        assert 0 < lv["step_busy"] <= 1.05   # a share of the time between the scrapes (one engine thread)
     # the merged counts are what the processes sent and received, word for word as the server counted
     assert sum(lv["words_in"] for lv in levels) == server_in
     assert sum(lv["words_out"] for lv in levels) == server_out
