@@ -48,8 +48,8 @@ def powers_of_two(up_to: int, start: int = 1) -> list[int]:
 class DecoderGraphs:
     """The captured steps of one decoder: the decoder step per (batch, cache length), and given `widths` the
     causal encoder's chunk step per (batch, chunk width, cache length). With the server's 256-stream batches
-    that is 54 decoder graphs, and 378 encoder graphs more (7 widths), captured in one memory pool (a graph's buffers are reused by the
-    next: they never run at the same time)."""
+    that is 54 decoder graphs, and 378 encoder graphs more (7 widths), captured in one memory pool (a graph's
+    buffers are reused by the next: they never run at the same time)."""
 
     def __init__(self, decoder, batch_sizes: list[int], lengths: list[int], widths: list[int] | None = None):
         self.dec = decoder

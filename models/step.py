@@ -35,10 +35,10 @@ MAX_LEN_A, MAX_LEN_B = 2, 10
 ENCODER_WIDTHS = [1, 2, 4, 8, 16, 32, 64]
 
 
-
 def _bits(value: float) -> int:
     """A float's float64 bit pattern as an int (Upload carries int64; SlotState.reset_rows views it back)."""
     return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
 
 class StreamingDecoder:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, pool: CachePool | None = None,

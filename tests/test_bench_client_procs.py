@@ -152,8 +152,9 @@ def test_the_throughput_table_shows_each_jobs_cycle_against_its_step(tiny_checkp
         steps_before = srv.metric("simulserve_step_seconds_count", model="bench")
         out = tmp_path / "flat.json"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        r = subprocess.run([sys.executable, "-m", "clients.cli", "bench", "server", "--url", srv.url, "--model", "bench",
-                            "--unbatched-model", "solo", "--input", str(src), "--skip", "ramp,soak", "--max-words", "60",
+        r = subprocess.run([sys.executable, "-m", "clients.cli", "bench", "server", "--url", srv.url,
+                            "--model", "bench", "--unbatched-model", "solo", "--input", str(src),
+                            "--skip", "ramp,soak", "--max-words", "60",
                             "--throughput-streams", "4", "--throughput-seconds", "2", "--json", str(out)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
