@@ -122,9 +122,12 @@ class ServerSettings(BaseSettings):
                                "may change outputs); float16 (CUDA only)")
     step: str = Field(
         "auto", description="the step's form (models/step_form.py): auto (the fastest of default, int8 and plain, "
-                            "timed at start-up on this machine and cached; models/step_choice.py); default (float32 packed); int8 (int8 weights, CPU); "
-                               "compiled (torch.compile with padded shapes, CUDA graphs on CUDA; each new shape "
-                               "compiles once, which takes seconds to minutes); host, sync-free, static, plain")
+                            "timed at start-up on this machine and cached; models/step_choice.py; on a CUDA GPU in "
+                            "float32: graphs-encoder); default (float32 packed); int8 (int8 weights, CPU); graphs (the "
+                            "decoder step as CUDA graphs captured at start-up); graphs-encoder (the encoder's chunk "
+                            "step captured too); compiled (torch.compile with padded shapes, CUDA graphs on CUDA; "
+                            "each new shape compiles once, which takes seconds to minutes); host, sync-free, static, "
+                            "plain")
     no_repeat_ngram: int = Field(0, ge=0, le=16, description="never write a subword that repeats an N-gram of the "
                                                            "sentence's translation (0: off)")
     no_stutter: int | None = Field(None, ge=0, le=16, description="never write a subword that repeats the last "
