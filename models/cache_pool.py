@@ -74,11 +74,6 @@ class CachePool:
         return torch.zeros(self.layers[name], n, c.n_heads, c.max_positions, c.head_dim,
                            device=self.device, dtype=self.dtype)
 
-    def reset(self, slot: int) -> None:
-        """Zero the slot's rows now (the scratch slot; a stream's rows are reset by its first step instead:
-        SlotState.reset_rows)."""
-        self.rows.clear(slot)
-
     @property
     def in_use(self) -> int:
         return self.capacity - len(self.free)

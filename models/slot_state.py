@@ -18,6 +18,9 @@ import torch
 
 from models.policies import policy_class
 
+# the fields the host uploads for every stream it changed, a new one included (write_rows)
+HOST_WRITTEN = ("t", "prev", "avail", "finished")
+
 
 @dataclass
 class SlotState:
@@ -61,7 +64,7 @@ class SlotState:
         return SlotState(**out)
 
     def clear(self, slot: int) -> None:
-        """A new stream in `slot`: zero rows (fills of views: no host-made tensor, no transfer)."""
+        """Zero `slot`'s rows now (the scratch slot; a stream's rows are reset by its first step: reset_rows)."""
         for t in self.tensors().values():
             t[slot].zero_()
 
@@ -75,7 +78,7 @@ class SlotState:
         for name, tensor in self.tensors().items():
             if name in names:
                 tensor.index_copy_(0, slots, values[:, names.index(name)].to(tensor.dtype))
-            elif name not in ("t", "prev", "avail", "finished"):
+            elif name not in HOST_WRITTEN:
                 tensor.index_fill_(0, slots, 0)
 
     def write_rows(self, rows: torch.Tensor) -> None:

@@ -95,8 +95,8 @@ class StreamingDecoder:
         shape and replays it; elsewhere inductor's default. No host shortcut may break the
         graph: the form runs sync-free."""
         self.scratch = self.pool.allocate()
-        self.pool.reset(self.scratch)
         rows = self.pool.rows   # a finished one-position source that never advances (see _decode)
+        rows.clear(self.scratch)
         rows.prev[self.scratch].fill_(self.cfg.bos_id)
         rows.avail[self.scratch].fill_(1)
         rows.finished[self.scratch].fill_(True)
@@ -418,8 +418,9 @@ class StreamingDecoder:
         upload.add("dec_slots", slots, (len(slots),))
         fresh = [s for s in states if s.fresh]
         if fresh:   # new streams: their slots' policy values (float64 bit patterns: the upload is int64)
-            names = list(fresh[0].policy.slot_values())
-            upload.add("fresh", [[s.slot] + [_bits(s.policy.slot_values()[n]) for n in names] for s in fresh],
+            values = [s.policy.slot_values() for s in fresh]
+            names = list(values[0])   # (one policy class per model: the same names for every stream)
+            upload.add("fresh", [[s.slot] + [_bits(v[n]) for n in names] for s, v in zip(fresh, values)],
                        (len(fresh), 1 + len(names)))
             for s in fresh:
                 s.fresh = False
