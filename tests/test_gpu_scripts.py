@@ -139,7 +139,7 @@ def test_run_boxed_script_checks_then_trains_runs_side_by_side_and_brings_back_a
     out = tmp_path / "out"
     env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out), "TRAIN_TAR": str(tmp_path / "train.tar.xz"),
            "TRAIN_DATA": str(tmp_path / "unpacked"), "STATE_ROOT": str(tmp_path / "state"), "TRAIN_MINUTES": "0.03",
-           **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP_BF16", "ENGINE", "GRAPHS", "SERVER", "SERVER_DECODER", "PROFILE", "TWO",
+           **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP_BF16", "ENGINE", "ENGINE_FLAT", "GRAPHS", "SERVER", "SERVER_DECODER", "PROFILE", "TWO",
                                                  "EVAL")}, "BUDGET_STEP": "0"}
     done = subprocess.run(["bash", str(GPU / "run_boxed.sh"), "60", *recipes], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)

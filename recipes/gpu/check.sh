@@ -8,10 +8,11 @@
 #
 # Each step has its own time budget (BUDGET_* below, seconds) and a step that runs out is reported as
 # such, so one slow part cannot cost the rest. JSON of every benchmark lands beside REPORT. By default it
-# answers in about 7 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
+# answers in about 8 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
 # bench step (wall against kernel per batch size, eager sync-free against graphs and graphs-encoder), bench
 # server with the server's defaults (graphs-encoder, front ends in processes of their own) without admission
-# from 1,000 to 4,000 speakers and flat out at 1,024 streams, and a py-spy profile of the engine process flat
+# from 1,000 to 4,000 speakers and flat out at 1,024 streams, the engine alone flat out at 1,024 streams (no
+# websockets: which side loses the words), and a py-spy profile of the engine process flat
 # out (PROFILE_SPEAKERS=1000: at 1,000 speakers instead); SM utilisation sampled through each server run. Off
 # unless given a budget: parts measured already (the server with --step graphs, the decoder alone captured,
 # BUDGET_SERVER_DECODER=110; the same server in one process, BUDGET_SERVER_ONE=100; admission past capacity,
@@ -51,6 +52,7 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # sentences did not finish in 40 s on the H200), 64 and 256 over enough sentences to fill them (37 s there)
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-8}"
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
+BUDGET_ENGINE_FLAT="${BUDGET_ENGINE_FLAT:-50}"   # recipes/engine_flat_out.py: load, capture, 3 s warm, 15 s timed
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
 DECODER_LEVELS="${DECODER_LEVELS:-1000,1500}"
@@ -125,6 +127,11 @@ step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, w
   --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
 dmon_off defaults
+# the same streams flat out through the engine alone (no websockets, front ends, IPC or clients): beside the
+# server's flat-out row it says whether the engine or the way to it loses the words (recipes/engine_flat_out.py)
+step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder (recipes/engine_flat_out.py)" "$BUDGET_ENGINE_FLAT" \
+  "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
+  --streams "$THROUGHPUT_STREAMS" --seconds 15 --json "$DIR/engine_flat_out.json"
 dmon_on decoder
 step "bench server, --step graphs (the decoder's step alone captured), otherwise the defaults, no admission" "$BUDGET_SERVER_DECODER" \
   simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \

@@ -1,0 +1,152 @@
+"""The engine alone, flat out: where a job's time goes when the step is cheap (a GPU's regime, on the CPU).
+
+    python recipes/engine_flat_out.py --tiny --streams 1024 --seconds 20
+    python recipes/engine_flat_out.py -m gma_delta1 --streams 64 --seconds 20
+    python recipes/engine_flat_out.py --device cuda --step graphs-encoder --streams 1024 --seconds 15   # a GPU
+
+N streams each push a whole sentence, end it, wait for its `sentence` event and take the next, as `bench
+server`'s throughput phase does, but with no websocket, JSON or client in the way: the server's
+`ModelEngine` in this process, on its own stepping thread, fed and drained by an asyncio loop. Prints target
+words/s, jobs/s, the mean batch, the mean step (the decoder's `step`) and the mean job cycle (one job's end
+to the next's): what the cycle has beyond the step is the engine's own host work per job, which on a GPU
+is what separates the step's rate from the server's. Set beside `bench server`'s flat-out row (the same
+streams through websockets, front ends and client processes), it says which side loses the words.
+
+`--tiny` serves an untrained model of gma_delta1's kind and vocabulary with d_model 32 and one layer each
+side, so that the step costs little and the engine's work shows (its words are noise; their count is
+what matters). `--profile FILE` samples the process with py-spy while it runs (recipes/profile_summary.py
+reads it).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.checkpoint import load_checkpoint, pick_device  # noqa: E402
+from models.cpu_info import cpu_summary  # noqa: E402
+from models.shipped import resolve_checkpoint  # noqa: E402
+from models.step import StreamingDecoder  # noqa: E402
+from models.transformer import Transformer  # noqa: E402
+from server.engine import ModelEngine  # noqa: E402
+from server.metrics import Metrics  # noqa: E402
+
+
+def decoder(args) -> StreamingDecoder:
+    device = pick_device(args.device)
+    model, tok, _ = load_checkpoint(resolve_checkpoint(args.model))
+    if args.tiny:
+        torch.manual_seed(0)
+        cfg = dataclasses.replace(model.cfg, d_model=32, n_heads=4, d_ffn=64, encoder_layers=1, decoder_layers=1)
+        model = Transformer(cfg).eval()
+    return StreamingDecoder(model.to(device), tok, form=args.step)
+
+
+async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
+    eng = ModelEngine("flat", dec, metrics=Metrics(), max_batch=args.max_batch, capacity=args.streams + 1)
+    await eng.start()
+    eng.warmup()
+    rng = random.Random(0)
+    words = sents = 0
+    stop = False
+
+    async def speaker():
+        nonlocal words, sents
+        h = eng.attach(eng.policy_for(None, None), asyncio.Queue())
+        while not stop:
+            src = rng.choice(sentences)
+            t = time.monotonic()
+            eng.push(h, src, t, eng.encode_words(src))
+            eng.end_sentence(h, t)
+            while True:
+                ev = await h.out.get()
+                if ev["type"] == "word":
+                    words += 1
+                elif ev["type"] in ("sentence", "error"):
+                    sents += 1
+                    break
+        eng.detach(h)
+
+    tasks = [asyncio.create_task(speaker()) for _ in range(args.streams)]
+    await asyncio.sleep(args.warm_seconds)
+    w0, s0, steps0 = words, sents, eng.steps
+    step_hist = eng.metrics.step_seconds.labels("flat")
+    sum0 = _hist_sum(step_hist)
+    rows0 = _hist_sum(eng.metrics.batch_size.labels("flat"))
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    await asyncio.sleep(args.seconds)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    steps = eng.steps - steps0
+    stepped = _hist_sum(step_hist) - sum0
+    rows = _hist_sum(eng.metrics.batch_size.labels("flat")) - rows0
+    out = dict(words_per_s=(words - w0) / wall, sentences_per_s=(sents - s0) / wall, steps_per_s=steps / wall,
+               mean_batch=rows / max(steps, 1), mean_step_ms=1000 * stepped / max(steps, 1),
+               cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall)
+    stop = True
+    for t in tasks:
+        t.cancel()
+    await eng.stop()
+    return out
+
+
+def _hist_sum(child) -> float:
+    return child._sum.get()   # (prometheus_client's histogram child keeps its running sum here)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", default="gma_delta1", help="checkpoint (name or directory)")
+    p.add_argument("--tiny", action="store_true", help="an untrained d_model-32 model of the checkpoint's kind")
+    p.add_argument("--step", default="default", help="step form (models/step_form.py; graphs-encoder on a GPU "
+                   "is the server's default there)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, auto")
+    p.add_argument("--source", default="data/de-en-everyday/test.de")
+    p.add_argument("--streams", type=int, default=1024)
+    p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--warm-seconds", type=float, default=3.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", help="py-spy raw samples of this process to this file")
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    path = Path(args.source)
+    sentences = ([line.split() for line in path.read_text().splitlines() if 0 < len(line.split()) <= 30]
+                 if path.is_file() else [])
+    if not sentences:
+        p.error(f"no sentences of 1-30 words in {path} (simulserve prepare-data makes the default; --source)")
+    dec = decoder(args)
+    spy = None
+    if args.profile:
+        spy = subprocess.Popen(["py-spy", "record", "-d", str(int(args.warm_seconds + args.seconds)), "-r", "100",
+                                "--threads", "--nonblocking", "-f", "raw", "-o", args.profile, "--pid",
+                                str(os.getpid())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = asyncio.run(run(args, dec, sentences))
+    if spy is not None:
+        spy.wait()
+    print(f"CPU: {cpu_summary()['line']}; torch {torch.__version__}; {args.threads} torch thread(s)")
+    print(f"model: {args.model}{' (tiny, untrained)' if args.tiny else ''} on {dec.device}, step form {dec.form.name}, "
+          f"{args.streams} streams flat out, max batch {args.max_batch}, {args.seconds:g} s")
+    print("| target words/s | sentences/s | jobs/s | mean batch | mean step ms | job cycle ms | cycle µs a row "
+          "| stepping | process CPU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {r['words_per_s']:.0f} | {r['sentences_per_s']:.1f} | {r['steps_per_s']:.1f} | {r['mean_batch']:.1f} "
+          f"| {r['mean_step_ms']:.2f} | {r['cycle_ms']:.2f} | {1000 * r['cycle_ms'] / max(r['mean_batch'], 1):.0f} "
+          f"| {100 * r['stepping']:.0f}% | {100 * r['cpu']:.0f}% |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**r, "form": dec.form.name, "device": str(dec.device),
+                                               "streams": args.streams, "max_batch": args.max_batch}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

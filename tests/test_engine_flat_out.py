@@ -1,0 +1,44 @@
+"""recipes/engine_flat_out.py: the server's engine alone, streams flat out, on its own stepping thread.
+
+The real recipe as a user runs it (a subprocess), with the tiny untrained model of the shipped vocabulary
+and a handful of streams for a second. The figures are never compared with a target (two shared cores);
+what is held is their bookkeeping: words and sentences came back, no job is larger than the batch cap, the
+cap fills when there are more streams than it, a job's cycle contains its step, the stepping share is a
+share.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTENCES = ["Ich habe heute keine Zeit .", "Wo ist der Bahnhof ?", "Das Wetter ist schön und warm .",
+             "Kannst du mir bitte helfen ?", "Wir gehen morgen ins Kino ."]
+
+
+def test_engine_flat_out_reports_consistent_figures(tmp_path):
+    src = tmp_path / "source.de"
+    src.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "flat.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--tiny", "--source", str(src),
+                        "--streams", "6", "--max-batch", "4", "--seconds", "1.5", "--warm-seconds", "0.5",
+                        "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| target words/s |" in r.stdout and "6 streams flat out, max batch 4" in r.stdout
+    f = json.loads(out.read_text())
+    assert f["words_per_s"] > 0 and f["sentences_per_s"] > 0 and f["steps_per_s"] > 0
+    # six streams always have work and the cap is four: jobs run full or nearly so, never above the cap
+    assert 2.0 <= f["mean_batch"] <= 4.0
+    assert f["cycle_ms"] >= f["mean_step_ms"] > 0
+    assert 0 < f["stepping"] <= 1.0
+
+
+def test_engine_flat_out_refuses_a_missing_source(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--tiny", "--source",
+                        str(tmp_path / "none.de"), "--seconds", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "no sentences" in r.stderr
