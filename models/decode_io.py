@@ -19,7 +19,8 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 class DecodeInput:
     tokens: torch.Tensor                 # (B,) the previous target token
     t: torch.Tensor                      # (B,) its position
-    self_caches: KV                      # per layer (k, v) (B,H,T',dk): earlier keys at [0, t); only read
+    self_caches: KV                      # per layer (k, v) (B,H,T',dk): earlier keys at [0, t); only read,
+    #                                      but for the last position where `self_room`
     cross_caches: KV                     # per layer (k, v) (B,H,S',dk) of the received source
     avail: torch.Tensor                  # (B,) source positions received (EOS included once finished)
     finished: torch.Tensor               # (B,) bool: the source has ended
@@ -28,6 +29,9 @@ class DecodeInput:
     running: torch.Tensor | None = None  # (B,L) GMA's unclamped Σ Δp per layer
     mask_caches: list | None = None      # calibration: per layer the mask keys (B,H,S',dk)
     contexts: torch.Tensor | None = None  # SACT / interleaved phrases: (B,L,d) context of the last written step
+    # the self caches are copies (B,H,T'+1,dk) with one position more at the end, where each layer puts this
+    # step's own keys before attending: the cache is then copied once (the gather), not twice (gather, cat)
+    self_room: bool = False
 
 
 @dataclass

@@ -482,9 +482,12 @@ class StreamingDecoder:
         k, delta, running, contexts = (None if x is None else x.index_select(0, slots)
                                        for x in (rows.k, rows.delta, rows.running, rows.context))
         mask_caches = pool.gather("cross_mk", slots, a_max, lone) if pool.layers["cross_mk"] else None
-        inp = DecodeInput(prev, t, pool.gather_kv("dec", slots, t_max, lone),
+        # the gathered self caches are copies with room for this step's own keys (a lone stream's are views
+        # of the pool, which the model must not write; a length bucket at the pool's end has no room)
+        room = lone is None and t_max < cfg.max_positions
+        inp = DecodeInput(prev, t, pool.gather_kv("dec", slots, t_max + room, lone),
                           pool.gather_kv("cross", slots, a_max, lone), avail, finished, k, delta, running,
-                          mask_caches=mask_caches, contexts=contexts)
+                          mask_caches=mask_caches, contexts=contexts, self_room=room)
         out = (self.net.decode_step if record else self.decode_fn)(inp, need_weights=record,
                                                                    early_exit=not self.sync_free)
         hidden, new_kv, read, need = out.hidden, out.new_kv, out.read, out.need
