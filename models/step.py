@@ -354,8 +354,11 @@ class StreamingDecoder:
         bi, ii, wslots, pos = sent["enc_new"].unbind(1)
         if self.cfg.causal_encoder:
             lone = todo[0].slot if len(todo) == 1 else None
-            caches = self.pool.gather_kv("enc", slots, max(s.n_encoded for s in todo), lone)
-            enc, new_kv = self.net.encode_chunk(tokens, start, caches)
+            length = max(s.n_encoded for s in todo)
+            room = self._room(lone, length, tokens.shape[1])   # (as the decoder's self caches: _decode_core)
+            # (at least one earlier position, as without room: the same layout, hence the same sums)
+            caches = self.pool.gather_kv("enc", slots, max(length, 1) + room * tokens.shape[1], lone)
+            enc, new_kv = self.net.encode_chunk(tokens, start, caches, room=room)
         else:  # bidirectional: the whole sentence at once, after it ended
             enc, new_kv = self.net.encode(tokens, n_new), None
         self._store_encoded(enc, new_kv, wslots, pos, bi, ii)
@@ -370,7 +373,9 @@ class StreamingDecoder:
         stream reads."""
         slots, start, n_new = rows.unbind(1)
         b, w = tokens.shape
-        enc, new_kv = self.net.encode_chunk(tokens, start, self.pool.gather_kv("enc", slots, length))
+        room = self._room(None, length, w)
+        enc, new_kv = self.net.encode_chunk(tokens, start, self.pool.gather_kv("enc", slots, max(length, 1) + room * w),
+                                            room=room)
         i = torch.arange(w, device=tokens.device).view(1, -1)
         wslots = torch.where(i < n_new.view(-1, 1), slots.view(-1, 1), self.scratch).reshape(-1)
         pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1).reshape(-1)
@@ -482,9 +487,7 @@ class StreamingDecoder:
         k, delta, running, contexts = (None if x is None else x.index_select(0, slots)
                                        for x in (rows.k, rows.delta, rows.running, rows.context))
         mask_caches = pool.gather("cross_mk", slots, a_max, lone) if pool.layers["cross_mk"] else None
-        # the gathered self caches are copies with room for this step's own keys (a lone stream's are views
-        # of the pool, which the model must not write; a length bucket at the pool's end has no room)
-        room = lone is None and t_max < cfg.max_positions
+        room = self._room(lone, t_max, 1)
         inp = DecodeInput(prev, t, pool.gather_kv("dec", slots, t_max + room, lone),
                           pool.gather_kv("cross", slots, a_max, lone), avail, finished, k, delta, running,
                           mask_caches=mask_caches, contexts=contexts, self_room=room)
@@ -521,6 +524,12 @@ class StreamingDecoder:
             moved = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
             rows.context.index_copy_(0, slots, moved)
         return torch.stack([read.long(), need, tokens], 1), out
+
+    def _room(self, lone: int | None, length: int, new: int) -> bool:
+        """Whether a gather of `length` positions leaves room for the `new` keys the model makes next (written
+        into the copy instead of concatenated to it: DecodeInput.self_room). Not for a lone stream, whose
+        caches are views of the pool that the model must not write, nor past the pool's positions."""
+        return lone is None and max(length, 1) + new <= self.cfg.max_positions
 
     def _choose(self, hidden: torch.Tensor, keep: torch.Tensor | None, finished: torch.Tensor,
                 bans: torch.Tensor | None) -> torch.Tensor:

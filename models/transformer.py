@@ -263,31 +263,41 @@ class Transformer(nn.Module):
         return (logits, info) if return_info else logits
 
     # ---- incremental paths (streaming) ----------------------------------
-    def encode_chunk(self, tokens, start, caches):
+    def encode_chunk(self, tokens, start, caches, room: bool = False):
         """Encode new source tokens of a causal encoder.
 
         tokens (B,N) new tokens (right-padded: a padding position's outputs are
         garbage, for the caller not to store), start (B,) how many were encoded
         before, caches: per layer (k, v) (B,H,S',dk)
         holding the earlier keys at [0, start) (S' >= max(start), at least 1; the
-        caches are only read). Returns the new states (B,N,d) and per layer the
-        new (k, v) (B,H,N,dk).
+        caches are only read). room: the caches are copies (B,H,S'+N,dk) whose last N
+        positions take the chunk's own keys (written, not concatenated: one copy of
+        the cache fewer, as DecodeInput.self_room). Returns the new states (B,N,d) and
+        per layer the new (k, v) (B,H,N,dk).
         """
         b, n = tokens.shape
         dev = tokens.device
         pos = start.view(-1, 1) + torch.arange(n, device=dev).view(1, -1)
         x = self.embed_tokens(tokens, pos.clamp_max(self.cfg.max_positions - 1))
         # every earlier key is visible to every new token; new tokens see each other causally
-        cached = (torch.arange(caches[0][0].shape[2], device=dev).view(1, 1, -1) < start.view(-1, 1, 1)).expand(b, n, -1)
+        earlier = caches[0][0].shape[2] - (n if room else 0)
+        cached = (torch.arange(earlier, device=dev).view(1, 1, -1) < start.view(-1, 1, 1)).expand(b, n, -1)
         # (a padding position sees itself and the positions before it: no row is left with nothing to attend
         # to, and the caller stores no padding position where a stream reads it)
         i = torch.arange(n, device=dev)
         fresh = (i.view(1, 1, -1) <= i.view(1, -1, 1)).expand(b, n, n)
+        if room:
+            allowed = torch.cat([cached, fresh], -1)
         new_kv = []
         for layer, (kb, vb) in zip(self.encoder, caches):
             q, k, v = layer.self_attn.query_keys_values(x)
             new_kv.append((k, v))
-            x = layer(x, kb, vb, cached, fresh=(k, v, fresh), q=q)
+            if room:
+                kb[:, :, earlier:].copy_(k)
+                vb[:, :, earlier:].copy_(v)
+                x = layer(x, kb, vb, allowed, q=q)
+            else:
+                x = layer(x, kb, vb, cached, fresh=(k, v, fresh), q=q)
         return x, new_kv
 
     def decode_step(self, inp: DecodeInput, need_weights: bool = False, early_exit: bool = True) -> DecodeOutput:

@@ -90,3 +90,38 @@ def test_batched_steps_use_room_and_a_lone_stream_does_not(word_tok):
     assert any(b > 1 and room for b, room in seen)
     assert all(room for b, room in seen if b > 1)
     assert all(not room for b, room in seen if b == 1)
+
+
+@pytest.mark.parametrize("policy", ["waitk", "gma"])   # (a causal encoder: the offline model encodes whole)
+@pytest.mark.parametrize("b, s, n", [(1, 1, 1), (4, 6, 3), (9, 11, 1)])
+def test_encoder_chunk_with_room_equals_concatenation(policy, b, s, n, word_tok):
+    dec = random_decoder(word_tok, policy, seed=4)
+    cfg, g = dec.cfg, torch.Generator().manual_seed(b + 10 * s + n)
+    shape = (b, cfg.n_heads, s + n, cfg.head_dim)
+    roomy = [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(cfg.encoder_layers)]
+    tight = [(k[:, :, :s].clone(), v[:, :, :s].clone()) for k, v in roomy]
+    tokens = torch.randint(4, cfg.vocab_size, (b, n), generator=g)
+    start = torch.randint(0, s + 1, (b,), generator=g)
+    with torch.inference_mode():
+        x, kv = dec.net.encode_chunk(tokens, start, tight)
+        xr, kvr = dec.net.encode_chunk(tokens, start, roomy, room=True)
+    assert torch.equal(x, xr)
+    assert all(torch.equal(p, q) for a, r in zip(kv, kvr) for p, q in zip(a, r))
+
+
+def test_encoder_chunks_in_real_steps_use_room_and_equal_concatenation(word_tok):
+    dec = random_decoder(word_tok, "gma", seed=2)
+    calls, chunk = [], dec.net.encode_chunk
+
+    def both(tokens, start, caches, room=False):
+        if room:
+            n = tokens.shape[1]
+            want = chunk(tokens, start, [(k[:, :, :-n].clone(), v[:, :, :-n].clone()) for k, v in caches])
+            got = chunk(tokens, start, caches, room=True)
+            assert torch.equal(want[0], got[0])
+        calls.append((tokens.shape[0], room))
+        return chunk(tokens, start, caches, room=room) if not room else got
+    dec.net.encode_chunk = both
+    simulate(dec, SENTENCES, batch_size=3)
+    assert any(b > 1 and room for b, room in calls)
+    assert all(room == (b > 1) for b, room in calls)
