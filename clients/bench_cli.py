@@ -279,7 +279,7 @@ def run_peer(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from models.benchmarks.peer import NO_PATH, PROJECT_FORMS, bench_peer
+    from models.benchmarks.peer import NO_PATH, PROJECT_FORMS, bench_peer, int8_speedups
     from models.ctranslate2_peer import COMPUTE_TYPES, import_ctranslate2
     from models.errors import UserError
     ct2 = import_ctranslate2()
@@ -315,6 +315,11 @@ def run_peer(args) -> int:
         same = "n/a" if r["identical"] is None else f"{r['identical']}/{n}"
         ref = "n/a" if r["identical_to_float32"] is None else f"{r['identical_to_float32']}/{n}"
         print(f"| {r['precision']} | {r['batch_size']} | {ours} | {theirs} | {ratio} | {goal} | {same} | {ref} |")
+    speedups = int8_speedups(rows)
+    if speedups:   # the CPU issue's "int8 >= 2x float32 in one run": the precisions take turns within each round
+        print("\nint8 over float32 in this run (tokens per CPU second): " + "; ".join(
+            f"batch {b}: simulserve {'n/a' if ours is None else f'{ours:.2f}x'}, CTranslate2 {theirs:.2f}x"
+            for b, ours, theirs in speedups))
     print("\nlinear layers of the run (the same work in both engines; attention products left out), GFLOP and "
           "GFLOP per CPU second")
     print("| precision | batch | GFLOP | simulserve GFLOP/s | CTranslate2 GFLOP/s |")

@@ -132,4 +132,12 @@ def test_bench_peer_reports_identical_outputs_at_both_precisions(tmp_path, capsy
             assert r["identical"] == r["identical_to_float32"] == 6
         else:   # both engines quantise, each its own way: outputs may differ, and are counted
             assert 0 <= r["identical"] <= 6 and 0 <= r["identical_to_float32"] <= 6
-    assert "n/a" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "n/a" not in out
+    # int8 over float32 per batch size, from the same run's rows (the precisions take turns in each round)
+    by = {(r["precision"], r["batch_size"]): r for r in rows}
+    line = next(x for x in out.splitlines() if x.startswith("int8 over float32 in this run"))
+    for b in (1, 3):
+        ours = by["int8", b]["simulserve_tokens_per_cpu_s"] / by["float32", b]["simulserve_tokens_per_cpu_s"]
+        theirs = by["int8", b]["ctranslate2_tokens_per_cpu_s"] / by["float32", b]["ctranslate2_tokens_per_cpu_s"]
+        assert f"batch {b}: simulserve {ours:.2f}x, CTranslate2 {theirs:.2f}x" in line

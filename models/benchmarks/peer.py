@@ -116,10 +116,10 @@ def _engine_figures(name: str, ids, walls, cpus, flops_of) -> dict:
 def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions=("float32", "int8"),
                rounds: int = 1, ct2_dir=None, threads: int = 1, progress=None, profile: bool = False) -> list[dict]:
     """Rows per (precision, batch size): tokens per wall second and per CPU second of both (median
-    of `rounds`, the two alternating), CTranslate2's over ours (CPU time; wall time apart), and
-    identical outputs against the project at that precision (None without a path) and against its
-    float32; the linears' GFLOP and the rate each engine ran them at (per CPU second); with
-    `profile`, the project's operator groups (profile_project) per row."""
+    of `rounds`; in each round every precision's two engines take turns), CTranslate2's over ours
+    (CPU time; wall time apart), and identical outputs against the project at that precision (None
+    without a path) and against its float32; the linears' GFLOP and the rate each engine ran them at
+    (per CPU second); with `profile`, the project's operator groups (profile_project) per row."""
     from models.checkpoint import load_checkpoint
     from models.shipped import resolve_checkpoint
     model, tok, _ = load_checkpoint(resolve_checkpoint(str(checkpoint)))
@@ -127,7 +127,7 @@ def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions
     flops_of = lambda target_tokens: matmul_flops(model.cfg, source_positions, target_tokens)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = convert(checkpoint, ct2_dir or f"{tmp}/ct2", force=True)
-        rows, reference = [], {}
+        engines = {}   # precision -> (ours or None, peer), all made and warmed before any timing
         for precision in precisions:
             form = PROJECT_FORMS.get(precision)
             ours = form(model, tok) if form else None
@@ -136,22 +136,28 @@ def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions
             peer.translate(warm, len(warm))
             if ours is not None:
                 simulate(ours, warm, whole_sentence=True, batch_size=len(warm))
-            for b in batch_sizes:
-                runs = {"ours": [], "peer": []}   # (ids, wall, CPU time) per round
-                for _ in range(rounds):
+            engines[precision] = ours, peer
+        rows, reference = [], {}
+        for b in batch_sizes:
+            # (ids, wall, CPU time) per round; within a round every precision and both engines take turns, so
+            # the machine's drift falls on all of them and the ratios between precisions hold within one run
+            runs = {(p, who): [] for p in precisions for who in ("ours", "peer")}
+            for _ in range(rounds):
+                for precision, (ours, peer) in engines.items():
                     if ours is not None:
-                        runs["ours"].append(_project_run(ours, sentences, b))
-                    runs["peer"].append(_peer_run(peer, sentences, b))
+                        runs[precision, "ours"].append(_project_run(ours, sentences, b))
+                    runs[precision, "peer"].append(_peer_run(peer, sentences, b))
                     if progress is not None:
                         progress.update(1)
-                ours_ids = runs["ours"][-1][0] if runs["ours"] else None
-                peer_ids = runs["peer"][-1][0]
+            for precision, (ours, peer) in engines.items():
+                ours_ids = runs[precision, "ours"][-1][0] if runs[precision, "ours"] else None
+                peer_ids = runs[precision, "peer"][-1][0]
                 if precision == "float32" and ours_ids is not None:
                     reference[b] = ours_ids
                 same = lambda a: None if a is None else sum(x == y for x, y in zip(a, peer_ids))  # noqa: E731
                 row = {"precision": precision, "batch_size": b, "sentences": len(sentences)}
                 for who, name in (("ours", "simulserve"), ("peer", "ctranslate2")):
-                    r = runs[who]
+                    r = runs[precision, who]
                     row.update(_engine_figures(name, r[-1][0] if r else None, [x[1] for x in r],
                                                [x[2] for x in r], flops_of))
                 theirs, mine = row["ctranslate2_tokens_per_cpu_s"], row["simulserve_tokens_per_cpu_s"]
@@ -164,4 +170,20 @@ def bench_peer(checkpoint, sentences: list[str], batch_sizes=(1, 32), precisions
                 if profile and ours is not None:
                     row["simulserve_profile"] = profile_project(ours, sentences, b)
                 rows.append(row)
+    rows.sort(key=lambda r: (precisions.index(r["precision"]), batch_sizes.index(r["batch_size"])))
     return rows
+
+
+def int8_speedups(rows: list[dict]) -> list[tuple[int, float | None, float]]:
+    """Per batch size that has both precisions in `rows` (one bench_peer run): int8's target tokens per CPU
+    second over float32's, the project's (None where it has no int8 path) and CTranslate2's."""
+    by = {(r["precision"], r["batch_size"]): r for r in rows}
+    out = []
+    for (precision, b), r in by.items():
+        f = by.get(("float32", b))
+        if precision != "int8" or f is None:
+            continue
+        mine, base = r["simulserve_tokens_per_cpu_s"], f["simulserve_tokens_per_cpu_s"]
+        out.append((b, None if mine is None or base is None else mine / base,
+                    r["ctranslate2_tokens_per_cpu_s"] / f["ctranslate2_tokens_per_cpu_s"]))
+    return out
