@@ -87,13 +87,20 @@ class MultiHeadAttention(nn.Module):
 
         prior: GMA's log Gaussian prior (B,T,S) (`gma.log_prior`), added to the logits.
         fresh: (k2, v2, allowed2) keys computed in this very call (incremental paths), attended
-        after the cached k/v; the weights are then (B,H,T,S+S2).
+        after the cached k/v; the weights are then (B,H,T,S+S2). Where k/v are a gathered copy with
+        S2 positions of room at the end (S + S2 keys for S allowed: DecodeInput.self_room), the new
+        keys are written there instead of concatenated, which would copy the cache a second time.
         Without need_weights one fused kernel (scaled_dot_product_attention) does the work: a
         streaming step runs hundreds of attention calls, and per-op overhead is most of their cost.
         Rows with nothing allowed (padding) give zeros."""
         if fresh is not None:
             k2, v2, allowed2 = fresh
-            k, v, allowed = torch.cat([k, k2], 2), torch.cat([v, v2], 2), torch.cat([allowed, allowed2], -1)
+            if k.shape[2] == allowed.shape[-1] + k2.shape[2]:   # room left by the gather
+                k[:, :, -k2.shape[2]:].copy_(k2)
+                v[:, :, -v2.shape[2]:].copy_(v2)
+            else:
+                k, v = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
+            allowed = torch.cat([allowed, allowed2], -1)
         if prior is not None:
             mask = torch.where(allowed, prior, NEG_INF).unsqueeze(1)
         else:

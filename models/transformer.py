@@ -286,18 +286,11 @@ class Transformer(nn.Module):
         # to, and the caller stores no padding position where a stream reads it)
         i = torch.arange(n, device=dev)
         fresh = (i.view(1, 1, -1) <= i.view(1, -1, 1)).expand(b, n, n)
-        if room:
-            allowed = torch.cat([cached, fresh], -1)
         new_kv = []
         for layer, (kb, vb) in zip(self.encoder, caches):
             q, k, v = layer.self_attn.query_keys_values(x)
             new_kv.append((k, v))
-            if room:
-                kb[:, :, earlier:].copy_(k)
-                vb[:, :, earlier:].copy_(v)
-                x = layer(x, kb, vb, allowed, q=q)
-            else:
-                x = layer(x, kb, vb, cached, fresh=(k, v, fresh), q=q)
+            x = layer(x, kb, vb, cached, fresh=(k, v, fresh), q=q)   # (room: written, see attend)
         return x, new_kv
 
     def decode_step(self, inp: DecodeInput, need_weights: bool = False, early_exit: bool = True) -> DecodeOutput:
@@ -317,26 +310,18 @@ class Transformer(nn.Module):
         b = tokens.shape[0]
         tt = t.view(-1, 1)
         x = self.embed_tokens(tokens.view(-1, 1), tt)
-        # earlier keys come from the cache, this position's own key is attended after them: written into the
-        # cache copy's last position (self_room) or concatenated to it
-        room = int(inp.self_room)
-        earlier = self_caches[0][0].shape[2] - room
+        # earlier keys come from the cache, this position's own key is attended after them (written into the
+        # cache copy's last position with self_room, concatenated otherwise: MultiHeadAttention.attend)
+        earlier = self_caches[0][0].shape[2] - int(inp.self_room)
         cached = torch.arange(earlier, device=t.device).view(1, 1, -1) < tt.unsqueeze(-1)
         own = torch.ones(b, 1, 1, dtype=torch.bool, device=t.device)
-        if room:
-            allowed = torch.cat([cached, own], -1)
         read = torch.zeros(b, dtype=torch.bool, device=tokens.device)
         need = torch.zeros(b, dtype=torch.long, device=tokens.device)
         new_kv, ps, sums, attn, ns, ctxs = [], [], [], [], [], []
         for li, (layer, (kb, vb), (ck, cv)) in enumerate(zip(self.decoder, self_caches, cross_caches)):
             sq, sk, sv = layer.self_attn.query_keys_values(x)
             new_kv.append((sk, sv))
-            if room:
-                kb[:, :, earlier:].copy_(sk)
-                vb[:, :, earlier:].copy_(sv)
-                x = layer.self_block(x, kb, vb, allowed, q=sq)
-            else:
-                x = layer.self_block(x, kb, vb, cached, fresh=(sk, sv, own), q=sq)
+            x = layer.self_block(x, kb, vb, cached, fresh=(sk, sv, own), q=sq)
             q = layer.cross_attn.query(x)
             run = None if running is None else running[:, li]
             n, p, total = self.cross_window(layer, q, tt, avail, k, delta, run)

@@ -55,7 +55,7 @@ def decoder(args) -> StreamingDecoder:
 async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     eng = ModelEngine("flat", dec, metrics=Metrics(), max_batch=args.max_batch, capacity=args.streams + 1)
     await eng.start()
-    eng.warmup()
+    await asyncio.to_thread(eng.warmup)   # (model work off the event loop, as the server does)
     rng = random.Random(0)
     words = sents = 0
     stop = False
