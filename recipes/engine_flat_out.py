@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.checkpoint import load_checkpoint, pick_device  # noqa: E402
+from models.checkpoint import load_checkpoint, pick_device, save_checkpoint  # noqa: E402
 from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
 from models.step import StreamingDecoder  # noqa: E402
@@ -56,6 +58,9 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     eng = ModelEngine("flat", dec, metrics=Metrics(), max_batch=args.max_batch, capacity=args.streams + 1)
     await eng.start()
     await asyncio.to_thread(eng.warmup)   # (model work off the event loop, as the server does)
+    if not args.no_gc_freeze:   # as the server does once loaded (server/app.py): a full collection then
+        gc.collect()            # skips what start-up made, ~1 ms instead of ~90 ms a pause on this CPU
+        gc.freeze()
     rng = random.Random(0)
     words = sents = 0
     stop = False
@@ -83,20 +88,50 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     step_hist = eng.metrics.step_seconds.labels("flat")
     sum0 = _hist_sum(step_hist)
     rows0 = _hist_sum(eng.metrics.batch_size.labels("flat"))
+    pauses = GcPauses()
     cpu0, t0 = time.process_time(), time.perf_counter()
-    await asyncio.sleep(args.seconds)
+    with pauses:
+        await asyncio.sleep(args.seconds)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     steps = eng.steps - steps0
     stepped = _hist_sum(step_hist) - sum0
     rows = _hist_sum(eng.metrics.batch_size.labels("flat")) - rows0
     out = dict(words_per_s=(words - w0) / wall, sentences_per_s=(sents - s0) / wall, steps_per_s=steps / wall,
                mean_batch=rows / max(steps, 1), mean_step_ms=1000 * stepped / max(steps, 1),
-               cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall)
+               cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall,
+               gc=pauses.summary(wall))
     stop = True
     for t in tasks:
         t.cancel()
     await eng.stop()
     return out
+
+
+class GcPauses:
+    """The garbage collector's pauses while in the block (gc.callbacks: any thread's collections, each a pause of
+    the whole interpreter), per generation."""
+
+    def __init__(self):
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append(time.perf_counter() - self._start)
+
+    def __enter__(self):
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._callback)
+
+    def summary(self, wall: float) -> dict:
+        """Per generation: collections, their share of the wall time, the longest (ms)."""
+        return {str(g): {"count": len(p), "share": sum(p) / wall, "max_ms": 1000 * max(p, default=0.0)}
+                for g, p in self.pauses.items()}
 
 
 def _hist_sum(child) -> float:
@@ -118,8 +153,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", help="py-spy raw samples of this process to this file")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--no-gc-freeze", action="store_true", help="leave what start-up made in the collector's sight "
+                   "(the server freezes it once loaded; this shows what that saves)")
+    p.add_argument("--save-tiny", metavar="DIR", help="write the --tiny model as a checkpoint to DIR and exit "
+                   "(the same model behind `bench server --checkpoint DIR`)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.save_tiny:
+        if not args.tiny:
+            p.error("--save-tiny saves the --tiny model: give both")
+        dec = decoder(args)   # float32: the weights the recipe runs, bit for bit
+        save_checkpoint(args.save_tiny, dec.model, dec.tok, dtype=None)
+        print(f"the tiny model of {args.model}: {args.save_tiny}")
+        return
     path = Path(args.source)
     sentences = ([line.split() for line in path.read_text().splitlines() if 0 < len(line.split()) <= 30]
                  if path.is_file() else [])
@@ -128,7 +174,11 @@ def main() -> None:
     dec = decoder(args)
     spy = None
     if args.profile:
-        spy = subprocess.Popen(["py-spy", "record", "-d", str(int(args.warm_seconds + args.seconds)), "-r", "100",
+        # beside this interpreter when its venv is not on PATH (`.venv/bin/python recipes/...`)
+        spy_bin = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        if spy_bin is None:
+            p.error("--profile needs py-spy (pip install py-spy; make setup-test installs it)")
+        spy = subprocess.Popen([spy_bin, "record", "-d", str(int(args.warm_seconds + args.seconds)), "-r", "100",
                                 "--threads", "--nonblocking", "-f", "raw", "-o", args.profile, "--pid",
                                 str(os.getpid())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r = asyncio.run(run(args, dec, sentences))
@@ -143,9 +193,14 @@ def main() -> None:
     print(f"| {r['words_per_s']:.0f} | {r['sentences_per_s']:.1f} | {r['steps_per_s']:.1f} | {r['mean_batch']:.1f} "
           f"| {r['mean_step_ms']:.2f} | {r['cycle_ms']:.2f} | {1000 * r['cycle_ms'] / max(r['mean_batch'], 1):.0f} "
           f"| {100 * r['stepping']:.0f}% | {100 * r['cpu']:.0f}% |")
+    heap = "start-up heap left in sight: --no-gc-freeze" if args.no_gc_freeze else "start-up heap frozen, as the server"
+    print(f"garbage collector ({heap}): " + "; ".join(
+        f"generation {g} {v['count']} pauses, {100 * v['share']:.1f}% of the time, longest {v['max_ms']:.1f} ms"
+        for g, v in r["gc"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps({**r, "form": dec.form.name, "device": str(dec.device),
-                                               "streams": args.streams, "max_batch": args.max_batch}, indent=1))
+                                               "streams": args.streams, "max_batch": args.max_batch,
+                                               "gc_freeze": not args.no_gc_freeze}, indent=1))
 
 
 if __name__ == "__main__":

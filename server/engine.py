@@ -36,6 +36,7 @@ from models.step import StreamingDecoder
 from models.stream import StreamError, StreamState, TargetWord
 from server.admission import Admission, Headroom
 from server.protocol import error as _error
+from server.run_queue import RunQueue
 
 log = logging.getLogger("simulserve.engine")
 _ids = itertools.count(1)
@@ -114,8 +115,9 @@ class ModelEngine:
         self.max_k, self.max_delta, self.max_output = max_k, max_delta, max_output_messages
         self.handles: dict[int, StreamHandle] = {}
         # the streams that may have something to do (new input, or a policy that was not waiting after its
-        # last step): a job looks at these only, not at every open stream (host work ∝ what changed)
-        self._runnable: dict[int, StreamHandle] = {}
+        # last step): a job looks at these only, not at every open stream, and only as far as it takes
+        # (server/run_queue.py: host work ∝ what changed and the batch)
+        self._runnable = RunQueue()
         self._detached: deque[StreamHandle] = deque()   # loop appends, engine thread closes their states
         self._calls: deque[tuple[Callable, Future]] = deque()   # work for the engine thread (`call`)
         self._wake = threading.Event()
@@ -174,7 +176,7 @@ class ModelEngine:
     def _wake_for(self, h: StreamHandle) -> None:
         if h.ready_since is None:
             h.ready_since = time.monotonic()
-        self._runnable[h.id] = h   # after the command is queued: the engine pops, then looks (see _ready)
+        self._runnable.wake(h)   # after the command is queued (server/run_queue.py: no wake-up lost)
         self._wake.set()
 
     def detach(self, h: StreamHandle) -> None:
@@ -260,25 +262,9 @@ class ModelEngine:
 
     # ---- the stepping loop (engine thread) ---------------------------------------------
     def _ready(self) -> list[StreamHandle]:
-        """The runnable streams that can make progress; the others leave the runnable set until a command
-        (or a step that leaves them able to move on) puts them back. Each is popped before it is looked at,
-        so a command queued meanwhile is either seen now or puts the stream back: no wake-up is lost."""
-        out = []
-        for h in list(self._runnable.values()):   # (one C-level copy: handlers may add meanwhile)
-            self._runnable.pop(h.id, None)
-            if h.closed:
-                continue
-            s = h.state
-            if s is None or s.done:    # (done early: the model wrote EOS before the source ended)
-                ready = bool(h.commands)
-            elif s.end_received:       # the sentence is complete: step it to the end
-                ready = not s.blocked
-            else:
-                ready = bool(h.commands) or not s.blocked
-            if ready:
-                out.append(h)
-                self._runnable[h.id] = h
-        return out
+        """Up to max_batch streams that can make progress, those stepped longest ago first (fairness under
+        overload); the others met on the way leave the runnable set until a command puts them back."""
+        return self._runnable.select(self.max_batch, _can_move)
 
     def _housekeeping(self) -> None:
         """Calls handed to the thread, and the states of streams whose client has gone."""
@@ -326,9 +312,6 @@ class ModelEngine:
                 self._wake.clear()
                 ready = self._ready()
             self.metrics.batch_wait_seconds.labels(self.name).observe(time.monotonic() - t0)
-        if len(ready) > self.max_batch:  # fairness: the streams stepped longest ago first
-            ready.sort(key=lambda h: h.last_step)
-            ready = ready[: self.max_batch]
         self.typical_batch += 0.2 * (len(ready) - self.typical_batch)
         now, queued = time.monotonic(), self.metrics.queue_seconds.labels(self.name)
         for h in ready:   # how long each stream waited with something to do
@@ -358,6 +341,7 @@ class ModelEngine:
             s = h.state
             if h.commands or (s is not None and not s.blocked and not s.done):
                 h.ready_since = now   # it can move on: it queues from here
+        self._runnable.stepped(batch, _can_move)
         m.cache_slots.labels(name).set(self.dec.streams_in_cache)
         m.cache_capacity.labels(name).set(self.dec.pool.committed)
 
@@ -531,6 +515,16 @@ class ModelEngine:
             except Exception:  # noqa: BLE001
                 log.exception("closing a failed stream")
             h.state = None
+
+
+def _can_move(h: StreamHandle) -> bool:
+    """Whether a job can make progress on the stream (reads flags only: a handler may queue meanwhile)."""
+    s = h.state
+    if s is None or s.done:    # (done early: the model wrote EOS before the source ended)
+        return bool(h.commands)
+    if s.end_received:         # the sentence is complete: step it to the end (later commands wait)
+        return not s.blocked
+    return bool(h.commands) or not s.blocked
 
 
 def _consumed(h: StreamHandle) -> int:

@@ -35,6 +35,29 @@ def test_engine_flat_out_reports_consistent_figures(tmp_path):
     assert 2.0 <= f["mean_batch"] <= 4.0
     assert f["cycle_ms"] >= f["mean_step_ms"] > 0
     assert 0 < f["stepping"] <= 1.0
+    # the collector's pauses in the timed window, per generation; the start-up heap frozen as in the server
+    assert f["gc_freeze"] is True and "start-up heap frozen" in r.stdout
+    assert set(f["gc"]) == {"0", "1", "2"} and all(0 <= g["share"] < 1 for g in f["gc"].values())
+
+
+def test_save_tiny_writes_the_model_the_recipe_runs(tmp_path):
+    """--save-tiny: the same tiny model as a checkpoint (float32, bit for bit), for `bench server --checkpoint`."""
+    import torch
+
+    from models.checkpoint import load_checkpoint
+    sys.path.insert(0, str(ROOT / "recipes"))
+    from engine_flat_out import decoder
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--tiny", "--save-tiny",
+                        str(tmp_path / "tiny")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    model, _, _ = load_checkpoint(tmp_path / "tiny")
+    assert model.cfg.d_model == 32 and model.cfg.encoder_layers == model.cfg.decoder_layers == 1
+    ran = decoder(type("Args", (), {"device": "cpu", "model": "gma_delta1", "tiny": True, "step": "default"})()).model
+    for (name, saved), (_, original) in zip(model.state_dict().items(), ran.state_dict().items()):
+        assert torch.equal(saved, original), name
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--save-tiny",
+                        str(tmp_path / "no")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "give both" in r.stderr
 
 
 def test_engine_flat_out_refuses_a_missing_source(tmp_path):

@@ -74,10 +74,10 @@ def test_a_job_looks_only_at_streams_that_may_move(trained, trained_decoders):
                 await ws.send(json.dumps({"type": "start", "model": "gma"}))
                 assert json.loads(await ws.recv())["type"] == "ready"
             await asyncio.sleep(0.2)
-            looked_at_while_idle = len(engine._runnable)
+            looked_at_while_idle = len(engine._runnable.ids())
             busy = await talk(srv.url, [{"type": "start", "model": "gma"}] + sentence_messages(SENTENCES[:2])
                               + [{"type": "end_stream"}], timeout=60)
-            runnable_after = set(engine._runnable)
+            runnable_after = engine._runnable.ids()
             for ws in idle:
                 await ws.close()
             return looked_at_while_idle, busy, runnable_after, {h for h in engine.handles}
