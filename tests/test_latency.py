@@ -72,6 +72,26 @@ def test_reference_length_sets_gamma_of_al_and_ap_but_not_dal():
     assert with_ref.laal == with_ref.al and without.laal == without.al
 
 
+def test_sentence_scores_is_the_five_metrics_bit_for_bit():
+    """sentence_scores checks the delays once and runs each metric's arithmetic unchecked: the same floats as the
+    five public functions, each of which checks for itself, with and without a reference, integer and fractional."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        src = rng.randint(1, 40) if rng.random() < 0.8 else rng.uniform(0.5, 40.0)
+        n = rng.randint(1, 60)
+        delays = sorted(rng.randint(0, int(src)) if rng.random() < 0.7 else rng.uniform(0, src) for _ in range(n))
+        ref = rng.choice([None, rng.randint(1, 60), rng.uniform(0.5, 60.0)])
+        use_ref = rng.random() < 0.8
+        s = sentence_scores(delays, src, n, ref_len=ref, use_ref_len=use_ref)
+        r = ref if use_ref and ref is not None else None
+        gamma_len = n if r is None else r
+        assert s == LatencyScores(al=average_lagging(delays, src, gamma_len),
+                                  laal=length_adaptive_average_lagging(delays, src, n, r),
+                                  ap=average_proportion(delays, src, gamma_len),
+                                  dal=differentiable_average_lagging(delays, src, n),
+                                  cw=consecutive_wait(delays)), (delays, src, ref, use_ref)
+
+
 # ------------------------------------------------------------- CW
 
 @pytest.mark.parametrize("delays, cw", [
