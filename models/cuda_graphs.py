@@ -6,9 +6,10 @@ A decoder step of a few hundred rows is ~0.5 ms of kernels and several ms of Pyt
 capturable:
 - fixed shapes: batches padded to a power of two with rows of the scratch slot, cache lengths padded to a
   power of two (one length for the decoder's own keys and the source: fewer graphs);
-- fixed addresses: the cache pool is made `fixed` (it never grows or shrinks), and a step's only input is
-  the batch's slots, copied into the graph's own slot tensor; everything else a step reads is in the pool
-  (models/slot_state.py), which the host changes between replays with small eager writes;
+- fixed addresses: the cache pool is made `fixed` (it never grows or shrinks), and a step's inputs are the
+  batch's slots and the slot rows the host changed (one row per batch row, padding rows rewriting the scratch
+  slot's own values), copied into the graph's own tensors; the graph writes those rows into the pool
+  (models/slot_state.py) and steps, so no eager operator runs between a step's graphs but the input copies;
 - no host read inside: the form is sync-free and the token filters that ban per row are off.
 
 With `graphs-encoder` the causal encoder's chunk step (the new source subwords of every stream that read
@@ -30,6 +31,10 @@ import time
 import torch
 
 from models.errors import UserError
+
+
+# the profiler's name for what a graph replays (off CUDA: run eagerly in its place); models/benchmarks/operators.py
+REPLAYED = "simulserve::graph_replay"
 
 
 class GraphShapeError(UserError):
@@ -85,7 +90,13 @@ class DecoderGraphs:
             for b in reversed(self.sizes):
                 for n in reversed(self.lengths):
                     slots = torch.full((b,), dec.scratch, dtype=torch.long, device=dec.device)
-                    self._capture_one((b, n), lambda x, n=n: dec._decode_core(x, n, n)[0], slots)
+                    # the changed rows it writes first, and what it puts back after: all padding (the scratch
+                    # slot's own values)
+                    padding = (torch.tensor([dec._scratch_change] * b, dtype=torch.long, device=dec.device),
+                               torch.tensor([dec._scratch_fresh] * b, dtype=torch.long, device=dec.device))
+                    changes, fresh = padding[0].clone(), padding[1].clone()
+                    self._capture_one((b, n), lambda x, c, f, n=n, p=padding: dec._graph_step(x, c, f, p, n),
+                                      slots, changes, fresh)
                     for w in reversed(self.widths):
                         tokens = torch.full((b, w), dec.cfg.pad_id, dtype=torch.long, device=dec.device)
                         rows = torch.zeros(b, 3, dtype=torch.long, device=dec.device)
@@ -117,17 +128,23 @@ class DecoderGraphs:
             out = fn(*static)
         self.entries[key] = (graph, static, out)
 
-    def _replay(self, entry: tuple, *inputs: torch.Tensor):
+    def _replay(self, entry: tuple, *inputs: torch.Tensor | None):
+        """Copy the inputs into the graph's own tensors (None: keep what is there) and replay it."""
         graph, static, out = entry
         for buffer, x in zip(static, inputs):
-            buffer.copy_(x)
-        if graph is None:
-            return out(*static)
+            if x is not None:
+                buffer.copy_(x)
+        if graph is None:   # (marked, so that an operator count can tell what a GPU would replay: REPLAYED)
+            with torch.profiler.record_function(REPLAYED):
+                return out(*static)
         graph.replay()
         return out
 
-    def run(self, slots: torch.Tensor, t_max: int, a_max: int) -> torch.Tensor:
-        """The (B, 3) decisions of one step of the rows `slots` (padded to a captured batch size)."""
+    def run(self, slots: torch.Tensor, t_max: int, a_max: int, changes: torch.Tensor | None = None,
+            fresh: torch.Tensor | None = None) -> torch.Tensor:
+        """The (B, 3) decisions of one step of the rows `slots` (padded to a captured batch size), after writing
+        the slot rows the host changed (`changes`, `fresh`: one row per batch row, padded; None: none changed.
+        StreamingDecoder._graph_step)."""
         b, n = slots.shape[0], self.length(t_max, a_max)
         entry = self.entries.get((b, n))
         if entry is None:
@@ -135,7 +152,7 @@ class DecoderGraphs:
                                   f"batches {self.sizes}, lengths {self.lengths}); graphs are captured at "
                                   "start-up only: raise the server's max_batch to step larger batches")
         self.replays += 1
-        return self._replay(entry, slots)
+        return self._replay(entry, slots, changes, fresh)
 
     def encoder_shape(self, rows: int, width: int, length: int) -> tuple[int, int, int] | None:
         """The captured (batch, width, cache length) an encoder chunk step of this size pads to, or None: it

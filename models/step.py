@@ -75,6 +75,8 @@ class StreamingDecoder:
         self.decode_fn = self.net.decode_step
         self.scratch = None
         self.graphs = None   # models/cuda_graphs.py: the decoder step's captured graphs (capture_graphs)
+        # the slot fields a new stream's policy sets (one policy class per model: the same for every stream)
+        self.slot_names = list(make_policy(self.cfg).slot_values())
         if self.form.static_shapes:
             self._static_shapes()
         if self.compiled:
@@ -100,6 +102,9 @@ class StreamingDecoder:
         rows.prev[self.scratch].fill_(self.cfg.bos_id)
         rows.avail[self.scratch].fill_(1)
         rows.finished[self.scratch].fill_(True)
+        # the rows a captured step writes for its padding: the scratch slot's values as set here
+        self._scratch_change = [self.scratch, 0, self.cfg.bos_id, 1, 1]
+        self._scratch_fresh = [self.scratch] + [_bits(0.0)] * len(self.slot_names)
 
     def describe_form(self) -> dict:
         """The form the steps run, and for `auto` how it was chosen (/v1/models, the benchmarks)."""
@@ -421,19 +426,26 @@ class StreamingDecoder:
                 width *= 2
             slots += [self.scratch] * (width - len(slots))
         upload.add("dec_slots", slots, (len(slots),))
+        # a captured step writes the changed rows itself, one per batch row (padding: the scratch slot's own
+        # values), so that no eager operator runs between the graphs but the copies of its inputs
+        padded = self._graphed(states)
         fresh = [s for s in states if s.fresh]
         if fresh:   # new streams: their slots' policy values (float64 bit patterns: the upload is int64)
-            values = [s.policy.slot_values() for s in fresh]
-            names = list(values[0])   # (one policy class per model: the same names for every stream)
-            upload.add("fresh", [[s.slot] + [_bits(v[n]) for n in names] for s, v in zip(fresh, values)],
-                       (len(fresh), 1 + len(names)))
+            names = self.slot_names   # (one policy class per model: the same names for every stream)
+            rows = [[s.slot] + [_bits(v[n]) for n in names] for s, v in ((s, s.policy.slot_values()) for s in fresh)]
+            if padded:
+                rows += [self._scratch_fresh] * (len(slots) - len(rows))
+            upload.add("fresh", rows, (len(rows), 1 + len(names)))
             for s in fresh:
                 s.fresh = False
         changed = [s for s in states if s.dirty]
         if changed:
             bos = self.cfg.bos_id
-            upload.add("changes", [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos,
-                                    s.available, int(s.source_finished)] for s in changed], (len(changed), 5))
+            rows = [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos, s.available,
+                     int(s.source_finished)] for s in changed]
+            if padded:
+                rows += [self._scratch_change] * (len(slots) - len(rows))
+            upload.add("changes", rows, (len(rows), 5))
             for s in changed:
                 s.dirty = False
         if self.banning:
@@ -450,15 +462,14 @@ class StreamingDecoder:
         sums, a variant's context) stay in the pool's slot rows; what comes back to the host is
         one (B, 3) copy: READ or not, the source it needs, the token."""
         slots = sent["dec_slots"]
-        if "fresh" in sent:
-            # (one policy class per model: every stream's values have the same names)
-            self.pool.rows.reset_rows(sent["fresh"], list(states[0].policy.slot_values()))
-        if "changes" in sent:
-            self.pool.rows.write_rows(sent["changes"])
         record = any(s.record is not None for s in states)   # (a diagnostic for plots: it runs eager)
-        if self.graphs is not None and not record:
-            decided, out = self.graphs.run(slots, t_max, a_max), None
+        if self._graphed(states):   # the graph writes the changed rows (_plan_decode padded them)
+            decided, out = self.graphs.run(slots, t_max, a_max, sent.get("changes"), sent.get("fresh")), None
         else:
+            if "fresh" in sent:
+                self.pool.rows.reset_rows(sent["fresh"], self.slot_names)
+            if "changes" in sent:
+                self.pool.rows.write_rows(sent["changes"])
             lone = states[0].slot if len(states) == 1 else None
             decided, out = self._decode_core(slots, t_max, a_max, sent.get("bans"), lone, record)
         decided = decided[: len(states)].tolist()   # the one copy back
@@ -524,6 +535,22 @@ class StreamingDecoder:
             moved = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
             rows.context.index_copy_(0, slots, moved)
         return torch.stack([read.long(), need, tokens], 1), out
+
+    def _graph_step(self, slots: torch.Tensor, changes: torch.Tensor, fresh: torch.Tensor, padding: tuple,
+                    length: int) -> torch.Tensor:
+        """What a decoder graph captures: the slot rows the host changed (`changes` (B, 5), `fresh` (B, 1 + names),
+        one row per batch row, padding rows the scratch slot's own values) written, both put back to `padding`
+        (so that a step with no such rows copies nothing in: the graph rewrites the scratch slot's values),
+        then the step at `length` cache positions; the (B, 3) decisions."""
+        self.pool.rows.reset_rows(fresh, self.slot_names)
+        self.pool.rows.write_rows(changes)
+        changes.copy_(padding[0])
+        fresh.copy_(padding[1])
+        return self._decode_core(slots, length, length)[0]
+
+    def _graphed(self, states: list[StreamState]) -> bool:
+        """Whether this decoder trial replays a captured graph (a recorded stream, a diagnostic, runs eagerly)."""
+        return self.graphs is not None and all(s.record is None for s in states)
 
     def _room(self, lone: int | None, length: int, new: int) -> bool:
         """Whether a gather of `length` positions leaves room for the `new` keys the model makes next (written

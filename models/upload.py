@@ -7,6 +7,8 @@ sends it once and hands back shaped views of the device copy.
 """
 from __future__ import annotations
 
+import array
+
 import torch
 
 
@@ -29,15 +31,17 @@ class Upload:
     def send(self, device: torch.device) -> dict[str, torch.Tensor]:
         if not self.parts:
             return {}
-        host = torch.tensor(self.flat, dtype=torch.long)
+        # (an int64 array read in place: a quarter of torch.tensor's time on a list of Python ints, 7 against 24 us
+        # for 600 of them on the 2-core EPYC; the tensor keeps the array alive)
+        host = (torch.frombuffer(array.array("q", self.flat), dtype=torch.long) if self.flat
+                else torch.empty(0, dtype=torch.long))
         if device.type == "cuda":  # pinned: the copy runs asynchronously, behind the queued kernels
             on_device = host.pin_memory().to(device, non_blocking=True)
         else:
             on_device = host.to(device)
-        out = {}
-        for name, offset, shape in self.parts:
-            n = 1
-            for d in shape:
-                n *= d
-            out[name] = on_device[offset:offset + n].view(shape)
-        return out
+        ends = [offset for _, offset, _ in self.parts[1:]] + [len(self.flat)]
+        # one split into every part, a view only where a part has rows: fewer operators (each a launch's worth of
+        # host time on a GPU) than a slice and a view per part
+        pieces = on_device.split([end - offset for (_, offset, _), end in zip(self.parts, ends)])
+        return {name: piece if len(shape) == 1 else piece.view(shape)
+                for (name, _, shape), piece in zip(self.parts, pieces)}
