@@ -141,9 +141,23 @@ class CachePool:
         return slot
 
     def release(self, slot: int) -> None:
-        if not 0 <= slot < self.capacity or slot in self.free:
+        if not 0 <= slot < self.capacity or self.is_free(slot):
             raise ValueError(f"slot {slot} is not in use")
         heapq.heappush(self.free, slot)
+
+    def is_free(self, slot: int) -> bool:
+        """Whether `slot` is free. `slot in self.free` read the whole heap: 25 us a release at 4,097 slots with
+        100 in use (a fixed GPU pool is that large, and every finished sentence releases). A heap's parent is never
+        larger than its children, so only entries up to `slot` are looked at: as the lowest slots are handed out
+        first, the streams' slots sit below the free ones and the walk stops at the root."""
+        free, stack = self.free, [0] if self.free else []
+        while stack:
+            i = stack.pop()
+            if free[i] == slot:
+                return True
+            if free[i] < slot:
+                stack.extend(j for j in (2 * i + 1, 2 * i + 2) if j < len(free))
+        return False
 
     def _grow(self, capacity: int) -> None:
         if self.reserved:   # beyond the reservation: ordinary memory from here on

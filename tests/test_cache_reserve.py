@@ -58,3 +58,25 @@ def test_reserve_is_a_cpu_and_growing_pool_thing(word_tok):
     assert CachePool(cfg, capacity=32).reserve(16) == 0
     if torch.cuda.is_available():
         assert CachePool(cfg, "cuda", capacity=4).reserve(16) == 0
+
+
+def test_is_free_agrees_with_the_free_heap_through_random_use(word_tok):
+    """CachePool.is_free (a walk of the heap that stops above the slot) against `in` on the heap, while streams
+    start and end at random; releasing a free slot or one outside the pool stays an error."""
+    import random
+    pool = CachePool(random_decoder(word_tok, "gma", seed=1).cfg, capacity=8)
+    rng, held = random.Random(2), []
+    for _ in range(3000):
+        if held and (rng.random() < 0.45 or len(held) > 200):
+            pool.release(held.pop(rng.randrange(len(held))))
+        else:
+            held.append(pool.allocate())
+        for slot in range(pool.capacity):
+            assert pool.is_free(slot) == (slot in pool.free)
+    for slot in held:
+        pool.release(slot)
+    assert all(pool.is_free(slot) for slot in range(pool.capacity))
+    with pytest.raises(ValueError, match="not in use"):
+        pool.release(held[0])
+    with pytest.raises(ValueError, match="not in use"):
+        pool.release(pool.capacity)

@@ -40,6 +40,25 @@ def test_engine_flat_out_reports_consistent_figures(tmp_path):
     assert set(f["gc"]) == {"0", "1", "2"} and all(0 <= g["share"] < 1 for g in f["gc"].values())
 
 
+def test_parts_account_for_the_job_cycle(tmp_path):
+    """--parts: the engine thread's time per job by part; each part a non-negative share of the job cycle, the
+    step part the same step the figures time, and together (with the time between jobs) the whole cycle."""
+    src = tmp_path / "source.de"
+    src.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "flat.json"
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--tiny", "--source", str(src),
+                        "--streams", "6", "--max-batch", "4", "--seconds", "1.5", "--warm-seconds", "0.5", "--parts",
+                        "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "where a job's time goes on the engine thread" in r.stdout
+    f = json.loads(out.read_text())
+    parts = f["parts"]
+    assert all(v >= -0.05 for v in parts.values()), parts   # (by difference: timer jitter only)
+    assert abs(parts["step"] - f["mean_step_ms"]) < 0.05 * f["mean_step_ms"] + 0.05
+    assert abs(sum(parts.values()) - f["cycle_ms"]) < 0.02 * f["cycle_ms"] + 0.05, (parts, f["cycle_ms"])
+
+
 def test_save_tiny_writes_the_model_the_recipe_runs(tmp_path):
     """--save-tiny: the same tiny model as a checkpoint (float32, bit for bit), for `bench server --checkpoint`."""
     import torch
