@@ -35,6 +35,7 @@ from models.config import ModelConfig
 from models.errors import UserError
 from models.slot_state import SlotState
 
+
 class PoolFull(UserError):
     """Every slot of a fixed-capacity pool is taken."""
 
