@@ -128,10 +128,11 @@ step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, w
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
 dmon_off defaults
 # the same streams flat out through the engine alone (no websockets, front ends, IPC or clients): beside the
-# server's flat-out row it says whether the engine or the way to it loses the words (recipes/engine_flat_out.py)
+# server's flat-out row it says whether the engine or the way to it loses the words (recipes/engine_flat_out.py),
+# and --parts where a job's time goes on the engine thread (select, step, words, bookkeeping, hand-over)
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder (recipes/engine_flat_out.py)" "$BUDGET_ENGINE_FLAT" \
   "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
-  --streams "$THROUGHPUT_STREAMS" --seconds 15 --json "$DIR/engine_flat_out.json"
+  --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --json "$DIR/engine_flat_out.json"
 dmon_on decoder
 step "bench server, --step graphs (the decoder's step alone captured), otherwise the defaults, no admission" "$BUDGET_SERVER_DECODER" \
   simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
