@@ -198,3 +198,27 @@ def test_profile_summary_counts_each_thread_inclusive_and_self(tmp_path):
     assert "| 60.0% | gather (cache_pool.py) |" in engine and "| 20.0% | step (step.py) |" in engine
     assert "| 80.0% | step (step.py) |" in out.split("engine-m: functions on the stack")[1]   # two lines, one function
     assert "_core (engine.py)" not in out.split("engine-m: functions on the stack")[1].split("engine-m:")[0]   # the trunk
+
+
+def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):
+    """PLAN=1 lists every part with its budget and runs nothing; QUICK=1 keeps what the targets need (the replay
+    tests, bench step, the server's defaults, the engine alone) within 300 s of budgets, and a budget given
+    explicitly still wins."""
+    def plan(**env):
+        r = subprocess.run(["bash", str(GPU / "check.sh")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PLAN": "1", "OUT": str(tmp_path / "out"), **env})
+        assert r.returncode == 0, r.stdout + r.stderr
+        parts = {m.group(2): int(m.group(1)) for m in re.finditer(r"^ *(\d+) s   (.+)$", r.stdout, re.M)}
+        total = int(re.search(r"^total: (\d+) s", r.stdout, re.M).group(1))
+        assert total == sum(parts.values())
+        return parts, total
+    full, full_total = plan()
+    quick, quick_total = plan(QUICK="1")
+    assert quick_total <= 300 < full_total
+    for needed in ("CUDA tests", "bench step, float32, large batches", "bench server, the server's defaults",
+                   "the engine alone flat out"):
+        assert any(name.startswith(needed) for name in quick), (needed, quick)
+    assert not any("profile" in name for name in quick) and any("profile" in name for name in full)
+    mine, _ = plan(QUICK="1", BUDGET_PROFILE="70")
+    assert any("profile" in name and budget == 70 for name, budget in mine.items())
+    assert not (tmp_path / "out").exists()   # nothing ran, nothing was written

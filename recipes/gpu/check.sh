@@ -18,12 +18,21 @@
 # BUDGET_SERVER_DECODER=110; the same server in one process, BUDGET_SERVER_ONE=100; admission past capacity,
 # BUDGET_ADMISSION=120; two servers sharing the GPU, BUDGET_TWO=90) and the older ones (bfloat16, bench
 # engine, graph breaks of the compiled form, evaluate: BUDGET_STEP_BF16=50 and so on).
+#
+# QUICK=1: the parts the issue's targets need, within 5 minutes of device time: the graph-replay tests, bench
+# step (small and large batches), the server's defaults at 1,000-2,000 speakers and flat out, the engine alone
+# flat out with --parts; no profile. PLAN=1: print each part and its budget, and their sum, and run nothing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${QUICK:-0}" = 1 ]; then   # (a value given explicitly still wins)
+  : "${BUDGET_TESTS:=60}" "${BUDGET_STEP:=70}" "${SERVER_LEVELS:=1000,1500,2000}" "${BUDGET_SERVER:=110}"
+  : "${BUDGET_ENGINE_FLAT:=45}" "${BUDGET_PROFILE:=0}"
+fi
+PLAN="${PLAN:-0}"
 DIR="${OUT:-.}"
 REPORT="${1:-$DIR/gpu_check.md}"
 DIR="$(dirname "$REPORT")"
-mkdir -p "$DIR"
+[ "$PLAN" = 1 ] || mkdir -p "$DIR"
 PY="${PY:-python3}"
 DATA="${DATA:-.gpu/data}"
 CKPT="${CKPT:-gma_delta1}"
@@ -65,6 +74,14 @@ BUDGET_ADMISSION="${BUDGET_ADMISSION:-0}"   # measured at 74315ca (docs/server.m
 ADMISSION_LEVELS="${ADMISSION_LEVELS:-1000}"
 OVERLOAD_LEVELS="${OVERLOAD_LEVELS:-5000,10000}"
 
+if [ "$PLAN" = 1 ]; then   # the parts and their budgets, nothing run, nothing installed
+  planned=0
+  step() { [ "$2" = 0 ] && echo "skipped  $1" || { echo "$(printf '%4d' "$2") s   $1"; planned=$((planned + $2)); }; }
+  dmon_on() { :; }; dmon_off() { :; }; front_end_count() { echo auto; }
+  . <(sed -n '/^# ---- the parts/,/^# ---- end of the parts/p' "$0")
+  echo "total: $planned s of budgets (besides installing the carried wheels and unpacking the test sets)"
+  exit 0
+fi
 front_end_count() { "$PY" -c 'from server.settings import front_end_processes, load_settings; print(front_end_processes(load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
 if [ ! -f "$DATA/test.de" ] && [ -f .gpu/data.tar.xz ]; then   # the test sets as pack.sh check packs them
@@ -99,6 +116,14 @@ say '```'
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
   || [ "$DEVICE" = cpu ] || { say "no CUDA device: nothing to check"; echo "no CUDA device"; exit 1; }
 
+# SM utilisation sampled once a second through each server run (nvidia-smi dmon), summarised after it
+dmon_on() { if command -v nvidia-smi >/dev/null; then nvidia-smi dmon -s u -d 1 > "$DIR/dmon_$1.txt" 2>&1 & dmon=$!; fi; }
+dmon_off() {
+  [ -n "${dmon:-}" ] || return 0
+  kill "$dmon" 2>/dev/null; dmon=
+  say "" "SM utilisation during this server run (nvidia-smi dmon, % per second): $(awk '$1 ~ /^[0-9]+$/ {n++; s+=$2; if ($2>m) m=$2} END {if (n) printf "mean %.1f, max %d over %d samples", s/n, m, n; else print "no samples"}' "$DIR/dmon_$1.txt")"
+}
+# ---- the parts (PLAN=1 reads them from here to the end marker)
 step "CUDA tests: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py), device-resident state" "$BUDGET_TESTS" \
   "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "${TESTS_K:-cuda}" $TEST_FILES
 step "bench step, float32, small batches: eager sync-free against CUDA graphs captured at start-up (decoder; decoder and encoder)" "$((BUDGET_STEP / 2))" \
@@ -114,13 +139,6 @@ step "bench engine" "$BUDGET_ENGINE" \
   simulserve bench engine --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --count 3
 step "graph breaks of the compiled step on $DEVICE (one graph each on the CPU: docs/benchmarks.md)" "$BUDGET_GRAPHS" \
   "$PY" recipes/graph_breaks.py --device $DEVICE
-# SM utilisation sampled once a second through each server run (nvidia-smi dmon), summarised after it
-dmon_on() { if command -v nvidia-smi >/dev/null; then nvidia-smi dmon -s u -d 1 > "$DIR/dmon_$1.txt" 2>&1 & dmon=$!; fi; }
-dmon_off() {
-  [ -n "${dmon:-}" ] || return 0
-  kill "$dmon" 2>/dev/null; dmon=
-  say "" "SM utilisation during this server run (nvidia-smi dmon, % per second): $(awk '$1 ~ /^[0-9]+$/ {n++; s+=$2; if ($2>m) m=$2} END {if (n) printf "mean %.1f, max %d over %d samples", s/n, m, n; else print "no samples"}' "$DIR/dmon_$1.txt")"
-}
 dmon_on defaults
 step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, workers auto = $(front_end_count)), no admission" "$BUDGET_SERVER" \
   simulserve bench server --device $DEVICE --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
@@ -175,5 +193,6 @@ for name, a in sorted(rows['float32'].items()):
     print(f\"| {name} | {float(a['BLEU']):.2f} / {float(a['AL']):.2f} | {float(b['BLEU']):.2f} / {float(b['AL']):.2f} \"
           f\"| {float(b['BLEU']) - float(a['BLEU']):+.2f} | {float(b['AL']) - float(a['AL']):+.2f} |\")
 PYEOF"
+# ---- end of the parts
 echo "report: $REPORT ($SECONDS s)"
 say "" "total: $SECONDS s"
