@@ -95,8 +95,10 @@ class DecoderGraphs:
                     padding = (torch.tensor([dec._scratch_change] * b, dtype=torch.long, device=dec.device),
                                torch.tensor([dec._scratch_fresh] * b, dtype=torch.long, device=dec.device))
                     changes, fresh = padding[0].clone(), padding[1].clone()
-                    self._capture_one((b, n), lambda x, c, f, n=n, p=padding: dec._graph_step(x, c, f, p, n),
-                                      slots, changes, fresh)
+                    # (the padding among the graph's own tensors: the graph reads it at its address on every
+                    # replay, so the entry keeps it alive; a replay copies only the first three in)
+                    self._capture_one((b, n), lambda x, c, f, p0, p1, n=n: dec._graph_step(x, c, f, (p0, p1), n),
+                                      slots, changes, fresh, *padding)
                     for w in reversed(self.widths):
                         tokens = torch.full((b, w), dec.cfg.pad_id, dtype=torch.long, device=dec.device)
                         rows = torch.zeros(b, 3, dtype=torch.long, device=dec.device)
