@@ -7,13 +7,7 @@ from __future__ import annotations
 def top_level_operators(events) -> int:
     """Operators the Python code dispatched (aten:: events that no other aten:: event encloses): each costs host
     time, and on a GPU each one that computes is a kernel launch, unless a CUDA graph replays it."""
-    spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name().startswith("aten::"))
-    count, end = 0, -1
-    for start, stop in spans:
-        if start >= end:
-            count += 1
-        end = max(end, stop)
-    return count
+    return operators_outside(events, None)
 
 
 def operators_outside(events, region: str | None, within: str | None = None) -> int:
