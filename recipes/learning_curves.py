@@ -94,7 +94,8 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from agents.plots import save_png
+    save_png(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> None:

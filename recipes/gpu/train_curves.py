@@ -50,8 +50,9 @@ def main(argv: list[str]) -> int:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # (run by path: the project's plotting helper)
+    from agents.plots import save_png
+    save_png(fig, out, dpi=120)
     summary = {label: {"epoch_ends": [{"step": s, "valid_loss": round(v, 4)} for s, v in c["valid"]],
                        "last_train_loss": c["train"][-1][1] if c["train"] else None} for label, c in runs}
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
