@@ -74,6 +74,7 @@ class StreamingDecoder:
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
         self.decode_fn = self.net.decode_step
         self.scratch = None
+        self._scratch_change = self._scratch_fresh = None   # (its padding rows: _static_shapes)
         self.graphs = None   # models/cuda_graphs.py: the decoder step's captured graphs (capture_graphs)
         # the slot fields a new stream's policy sets (one policy class per model: the same for every stream)
         self.slot_names = list(make_policy(self.cfg).slot_values())
@@ -426,16 +427,17 @@ class StreamingDecoder:
                 width *= 2
             slots += [self.scratch] * (width - len(slots))
         upload.add("dec_slots", slots, (len(slots),))
-        # a captured step writes the changed rows itself, one per batch row (padding: the scratch slot's own
-        # values), so that no eager operator runs between the graphs but the copies of its inputs
-        padded = self._graphed(states)
+        # a captured step writes the changed rows itself, so that no eager operator runs between the graphs but
+        # the copies of its inputs; it takes one row per batch row (padding: the scratch slot's own values)
+        pad = len(slots) if self._graphed(states) else 0
         fresh = [s for s in states if s.fresh]
         if fresh:   # new streams: their slots' policy values (float64 bit patterns: the upload is int64)
-            names = self.slot_names   # (one policy class per model: the same names for every stream)
-            rows = [[s.slot] + [_bits(v[n]) for n in names] for s, v in ((s, s.policy.slot_values()) for s in fresh)]
-            if padded:
-                rows += [self._scratch_fresh] * (len(slots) - len(rows))
-            upload.add("fresh", rows, (len(rows), 1 + len(names)))
+            rows = []
+            for s in fresh:   # (one policy class per model: the same names for every stream)
+                values = s.policy.slot_values()
+                rows.append([s.slot] + [_bits(values[n]) for n in self.slot_names])
+            rows += [self._scratch_fresh] * (pad - len(rows))
+            upload.add("fresh", rows, (len(rows), 1 + len(self.slot_names)))
             for s in fresh:
                 s.fresh = False
         changed = [s for s in states if s.dirty]
@@ -443,8 +445,7 @@ class StreamingDecoder:
             bos = self.cfg.bos_id
             rows = [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos, s.available,
                      int(s.source_finished)] for s in changed]
-            if padded:
-                rows += [self._scratch_change] * (len(slots) - len(rows))
+            rows += [self._scratch_change] * (pad - len(rows))
             upload.add("changes", rows, (len(rows), 5))
             for s in changed:
                 s.dirty = False
@@ -463,7 +464,7 @@ class StreamingDecoder:
         one (B, 3) copy: READ or not, the source it needs, the token."""
         slots = sent["dec_slots"]
         record = any(s.record is not None for s in states)   # (a diagnostic for plots: it runs eager)
-        if self._graphed(states):   # the graph writes the changed rows (_plan_decode padded them)
+        if self.graphs is not None and not record:   # (= _graphed: _plan_decode padded the changed rows for it)
             decided, out = self.graphs.run(slots, t_max, a_max, sent.get("changes"), sent.get("fresh")), None
         else:
             if "fresh" in sent:
