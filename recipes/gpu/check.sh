@@ -8,7 +8,7 @@
 #
 # Each step has its own time budget (BUDGET_* below, seconds) and a step that runs out is reported as
 # such, so one slow part cannot cost the rest. JSON of every benchmark lands beside REPORT. By default it
-# answers in about 8 minutes: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
+# answers within 9 minutes of budgets: the CUDA-graph equivalence tests (graph replay = eager = CPU, one per policy),
 # bench step (wall against kernel per batch size, eager sync-free against graphs and graphs-encoder), bench
 # server with the server's defaults (graphs-encoder, front ends in processes of their own) without admission
 # from 1,000 to 4,000 speakers and flat out at 1,024 streams, the engine alone flat out at 1,024 streams (no
@@ -19,14 +19,17 @@
 # BUDGET_ADMISSION=120; two servers sharing the GPU, BUDGET_TWO=90) and the older ones (bfloat16, bench
 # engine, graph breaks of the compiled form, evaluate: BUDGET_STEP_BF16=50 and so on).
 #
-# QUICK=1: the parts the issue's targets need, within 5 minutes of device time: the graph-replay tests, bench
-# step (small and large batches), the server's defaults at 1,000-2,000 speakers and flat out, the engine alone
-# flat out with --parts; no profile. PLAN=1: print each part and its budget, and their sum, and run nothing.
+# QUICK=1: the parts the issue's targets need, within 5 minutes of device time with the machine's start: the
+# graph-replay tests against eager and the CPU, bench step with the default form (small and large batches), the
+# server's defaults at 1,000 and 2,000 speakers and flat out; no engine-alone run, no profile. Its budgets come
+# from the H200 at d0771c7, where QUICK's earlier budgets cut three parts: the 20 graph tests took about 110 s,
+# bench step with three forms over 35 s a size (graphs-encoder alone 20 and 31 s), three ramp levels and the
+# flat-out rows over 110 s. PLAN=1: print each part and its budget, and their sum, and run nothing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${QUICK:-0}" = 1 ]; then   # (a value given explicitly still wins)
-  : "${BUDGET_TESTS:=60}" "${BUDGET_STEP:=70}" "${SERVER_LEVELS:=1000,1500,2000}" "${BUDGET_SERVER:=110}"
-  : "${BUDGET_ENGINE_FLAT:=45}" "${BUDGET_PROFILE:=0}"
+  : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
+  : "${SERVER_LEVELS:=1000,2000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
 fi
 PLAN="${PLAN:-0}"
 DIR="${OUT:-.}"
@@ -37,8 +40,10 @@ PY="${PY:-python3}"
 DATA="${DATA:-.gpu/data}"
 CKPT="${CKPT:-gma_delta1}"
 DEVICE="${DEVICE:-cuda}"   # DEVICE=cpu: a dry run of this script where there is no GPU
-BUDGET_TESTS="${BUDGET_TESTS:-60}"
-BUDGET_STEP="${BUDGET_STEP:-100}"
+BUDGET_TESTS="${BUDGET_TESTS:-120}"   # all 20 cases of tests/test_cuda_graphs.py: about 110 s on an H200
+BUDGET_STEP="${BUDGET_STEP:-130}"     # halved between the small and the large batches
+# the step forms bench step compares: eager sync-free and the two graph forms (QUICK: the default form alone)
+STEP_PATHS="${STEP_PATHS:-sync-free,graphs,graphs-encoder}"
 BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-0}"
 BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
 BUDGET_SERVER="${BUDGET_SERVER:-150}"
@@ -126,12 +131,12 @@ dmon_off() {
 # ---- the parts (PLAN=1 reads them from here to the end marker)
 step "CUDA tests: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py), device-resident state" "$BUDGET_TESTS" \
   "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "${TESTS_K:-cuda}" $TEST_FILES
-step "bench step, float32, small batches: eager sync-free against CUDA graphs captured at start-up (decoder; decoder and encoder)" "$((BUDGET_STEP / 2))" \
+step "bench step, float32, small batches, forms $STEP_PATHS (sync-free: eager; graphs: the decoder captured at start-up; graphs-encoder: both)" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
-  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs,graphs-encoder --json "$DIR/step_cuda_small.json"
-step "bench step, float32, large batches, $STEP_ARRIVALS arrivals: eager sync-free against CUDA graphs captured at start-up (decoder; decoder and encoder)" "$((BUDGET_STEP / 2))" \
+  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda_small.json"
+step "bench step, float32, large batches, $STEP_ARRIVALS arrivals, forms $STEP_PATHS" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals "$STEP_ARRIVALS" \
-  --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths sync-free,graphs,graphs-encoder --json "$DIR/step_cuda.json"
+  --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda.json"
 step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
   simulserve bench step --device $DEVICE --dtype bfloat16 --checkpoint "$CKPT" --source "$DATA/test.de" \
   --batch-sizes "$BF16_BATCHES" --sentences "$BF16_SENTENCES" --rounds "$STEP_ROUNDS" --paths default,compiled --json "$DIR/step_cuda_bf16.json"

@@ -20,8 +20,8 @@ mkdir -p "$DEST" "$TRAIN_DATA"
 tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpacked while the check runs, once for all runs
 . recipes/gpu/env.sh                                # installed once: the runs below must not race on it
 
-# check.sh in its quick form (QUICK=1: the CUDA-graph tests, bench step, bench server with the server's defaults,
-# the engine alone with --parts, within 285 s of budgets; QUICK=0 runs its full set); parts at budget 0 unless set.
+# check.sh in its quick form (QUICK=1: the graph-replay tests, bench step of the default form, bench server with
+# the server's defaults, within 229 s of budgets; QUICK=0 runs its full set); parts at budget 0 unless set.
 QUICK="${QUICK:-1}" bash recipes/gpu/check.sh "$DEST/gpu_check.md"
 # everything else the check wrote beside its report, in one file (the device returns at most 8)
 (cd "$DEST" && files=$(find . -maxdepth 1 -type f ! -name gpu_check.md -printf '%P\n') && [ -n "$files" ] \
