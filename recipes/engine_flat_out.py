@@ -96,13 +96,14 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     with pauses:
         await asyncio.sleep(args.seconds)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    split = parts.per_job(wall) if parts else None
     steps = eng.steps - steps0
     stepped = _hist_sum(step_hist) - sum0
     rows = _hist_sum(eng.metrics.batch_size.labels("flat")) - rows0
     out = dict(words_per_s=(words - w0) / wall, sentences_per_s=(sents - s0) / wall, steps_per_s=steps / wall,
                mean_batch=rows / max(steps, 1), mean_step_ms=1000 * stepped / max(steps, 1),
                cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall,
-               gc=pauses.summary(wall), **({"parts": parts.per_job(wall)} if parts else {}))
+               gc=pauses.summary(wall), **({"parts": split[0], "parts_waiting": split[1]} if parts else {}))
     stop = True
     for t in tasks:
         t.cancel()
@@ -112,13 +113,17 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
 
 class JobParts:
     """--parts: where the engine thread's time goes, per job: each part timed around the engine's own methods
-    (wrapped on this instance; the wrapping adds ~0.3 us a call, ~0.1 ms a job of 256 rows)."""
+    (wrapped on this instance; the wrapping adds ~0.3 us a call, ~0.1 ms a job of 256 rows), in wall time and
+    in the engine thread's CPU time. Their difference is time the thread was not running: waiting for the
+    interpreter's lock while another thread holds it (or for a CPU); a CUDA synchronisation spins, so it counts
+    as running."""
     TIMED = {"select": ("_ready",), "apply input": ("_apply",), "step": ("dec", "step"),
              "words and sentences": ("_word", "_finish"), "account": ("_account",), "measure load": ("_measure_load",),
              "job": ("_job",), "execute": ("_execute",), "step and events": ("_step",)}
 
     def __init__(self, eng: ModelEngine):
-        self.eng, self.seconds = eng, {k: 0.0 for k in self.TIMED}
+        self.eng, self.seconds, self.cpu = eng, {k: 0.0 for k in self.TIMED}, {k: 0.0 for k in self.TIMED}
+        self.cpu0 = 0.0
         for part, path in self.TIMED.items():
             owner = eng.dec if path[0] == "dec" else eng
             name = path[-1]
@@ -126,32 +131,45 @@ class JobParts:
         self.jobs0 = 0
 
     def _timed(self, part: str, fn):
-        seconds = self.seconds
+        seconds, cpu = self.seconds, self.cpu
 
         def call(*a, **k):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
                 seconds[part] += time.perf_counter() - t0
+                cpu[part] += time.thread_time() - c0
         return call
+
+    def _thread_cpu(self) -> float:
+        """The engine thread's CPU seconds so far (read from this thread)."""
+        return time.clock_gettime(time.pthread_getcpuclockid(self.eng._thread.ident))
 
     def reset(self) -> None:
         self.seconds.update({k: 0.0 for k in self.seconds})
-        self.jobs0 = self.eng.steps
+        self.cpu.update({k: 0.0 for k in self.cpu})
+        self.jobs0, self.cpu0 = self.eng.steps, self._thread_cpu()
 
-    def per_job(self, wall: float) -> dict:
-        """ms per job of each part; the job's rest (its queueing metrics, and the wait for the interpreter after
-        it hands the event loop its words) and the time between jobs come by difference."""
-        jobs = max(self.eng.steps - self.jobs0, 1)
-        ms = {k: 1000 * v / jobs for k, v in self.seconds.items()}
+    def per_job(self, wall: float) -> tuple[dict, dict]:
+        """ms per job of each part, and of each the ms in which the engine thread did not run (wall less its CPU
+        time); the job's rest (its queueing metrics, and the wait for the interpreter after it hands the event
+        loop its words) and the time between jobs come by difference."""
+        jobs, cpu = max(self.eng.steps - self.jobs0, 1), self._thread_cpu() - self.cpu0   # (one moment: both)
+        seconds, cpu_seconds = dict(self.seconds), dict(self.cpu)
+        timed, ran = self._split(seconds, wall, jobs), self._split(cpu_seconds, cpu, jobs)
+        return timed, {k: timed[k] - ran[k] for k in timed}
+
+    @staticmethod
+    def _split(seconds: dict, total: float, jobs: int) -> dict:
+        ms = {k: 1000 * v / jobs for k, v in seconds.items()}
         out = {k: ms[k] for k in ("select", "apply input", "step", "words and sentences")}
         out["other step bookkeeping"] = ms["step and events"] - ms["step"] - ms["words and sentences"]
         out["other execute"] = ms["execute"] - ms["step and events"] - ms["apply input"]
         out["account"], out["measure load"] = ms["account"], ms["measure load"]
         out["rest of the job (metrics, handing over to the event loop)"] = (
             ms["job"] - ms["execute"] - ms["account"] - ms["measure load"])
-        out["between jobs"] = 1000 * wall / jobs - ms["job"] - ms["select"]
+        out["between jobs"] = 1000 * total / jobs - ms["job"] - ms["select"]
         return out
 
 
@@ -203,12 +221,16 @@ def main() -> None:
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--parts", action="store_true", help="time the engine's parts of a job (select, apply, step, "
                    "words, accounting, the rest): ms per job")
+    p.add_argument("--switch-interval-ms", type=float, help="the interpreter's switch interval (sys.setswitchinterval; "
+                   "Python's default 5 ms): how long a thread that wants the lock waits before it asks for it")
     p.add_argument("--no-gc-freeze", action="store_true", help="leave what start-up made in the collector's sight "
                    "(the server freezes it once loaded; this shows what that saves)")
     p.add_argument("--save-tiny", metavar="DIR", help="write the --tiny model as a checkpoint to DIR and exit "
                    "(the same model behind `bench server --checkpoint DIR`)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     if args.save_tiny:
         if not args.tiny:
             p.error("--save-tiny saves the --tiny model: give both")
@@ -248,11 +270,12 @@ def main() -> None:
         f"generation {g} {v['count']} pauses, {100 * v['share']:.1f}% of the time, longest {v['max_ms']:.1f} ms"
         for g, v in r["gc"].items()))
     if "parts" in r:
-        print("\nwhere a job's time goes on the engine thread (--parts; ms per job):")
-        print("| part | ms a job |")
-        print("|---|---:|")
+        print("\nwhere a job's time goes on the engine thread (--parts; ms per job; not running: wall less the "
+              "thread's CPU time, i.e. waiting for the interpreter's lock or a CPU):")
+        print("| part | ms a job | of which not running |")
+        print("|---|---:|---:|")
         for k, v in r["parts"].items():
-            print(f"| {k} | {v:.3f} |")
+            print(f"| {k} | {v:.3f} | {r['parts_waiting'][k]:.3f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({**r, "form": dec.form.name, "device": str(dec.device),
                                                "streams": args.streams, "max_batch": args.max_batch,
