@@ -56,7 +56,9 @@ def decoder(args) -> StreamingDecoder:
 
 async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     eng = ModelEngine("flat", dec, metrics=Metrics(), max_batch=args.max_batch, capacity=args.streams + 1)
+    eng.yield_after_job = not args.no_yield
     parts = JobParts(eng) if args.parts else None
+    chunks = ChunkStats(dec, args.max_batch) if args.chunk_stats else None
     await eng.start()
     await asyncio.to_thread(eng.warmup)   # (model work off the event loop, as the server does)
     if not args.no_gc_freeze:   # as the server does once loaded (server/app.py): a full collection then
@@ -92,6 +94,8 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     pauses = GcPauses()
     if parts:
         parts.reset()
+    if chunks:
+        chunks.reset()
     cpu0, t0 = time.process_time(), time.perf_counter()
     with pauses:
         await asyncio.sleep(args.seconds)
@@ -103,7 +107,8 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     out = dict(words_per_s=(words - w0) / wall, sentences_per_s=(sents - s0) / wall, steps_per_s=steps / wall,
                mean_batch=rows / max(steps, 1), mean_step_ms=1000 * stepped / max(steps, 1),
                cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall,
-               gc=pauses.summary(wall), **({"parts": split[0], "parts_waiting": split[1]} if parts else {}))
+               gc=pauses.summary(wall), **({"parts": split[0], "parts_waiting": split[1]} if parts else {}),
+               **({"chunks": chunks.summary()} if chunks else {}))
     stop = True
     for t in tasks:
         t.cancel()
@@ -173,6 +178,51 @@ class JobParts:
         return out
 
 
+class ChunkStats:
+    """--chunk-stats: the encoder's work per step that encodes: the new source positions the rows have, against
+    the positions a captured encoder step computes (graphs-encoder pads every row to the widest row's width
+    bucket and the rows to a batch bucket: models/cuda_graphs.py `encoder_shape`), and against one captured
+    step per width bucket instead. Counted from what `_plan_encode` chose, whatever the device and form."""
+
+    def __init__(self, dec: StreamingDecoder, max_batch: int):
+        from models.cuda_graphs import powers_of_two
+        from models.step import ENCODER_WIDTHS
+        self.sizes, self.widths = powers_of_two(max_batch), [w for w in ENCODER_WIDTHS if w <= dec.cfg.max_positions]
+        self.steps = self.rows = self.new = self.one_shape = self.per_width = 0
+        plan = dec._plan_encode
+
+        def planned(states, upload):
+            lens = [s.available - s.n_encoded for s in states if s.n_encoded < s.available and not s.done
+                    and (dec.cfg.causal_encoder or s.source_finished)]   # (the rows _plan_encode takes)
+            todo = plan(states, upload)
+            if lens:
+                self.add(lens)
+            return todo
+        dec._plan_encode = planned
+
+    def _up(self, n: int, buckets: list[int]) -> int:
+        return next((b for b in buckets if b >= n), n)   # past the largest: eager, exact
+
+    def add(self, lens: list[int]) -> None:
+        self.steps += 1
+        self.rows += len(lens)
+        self.new += sum(lens)
+        self.one_shape += self._up(len(lens), self.sizes) * self._up(max(lens), self.widths)
+        groups: dict[int, int] = {}
+        for n in lens:
+            w = self._up(n, self.widths)
+            groups[w] = groups.get(w, 0) + 1
+        self.per_width += sum(self._up(c, self.sizes) * w for w, c in groups.items())
+
+    def reset(self) -> None:
+        self.steps = self.rows = self.new = self.one_shape = self.per_width = 0
+
+    def summary(self) -> dict:
+        n = max(self.steps, 1)
+        return {"encoding_steps": self.steps, "rows": self.rows / n, "new_positions": self.new / n,
+                "one_shape_positions": self.one_shape / n, "per_width_positions": self.per_width / n}
+
+
 class GcPauses:
     """The garbage collector's pauses while in the block (gc.callbacks: any thread's collections, each a pause of
     the whole interpreter), per generation."""
@@ -221,6 +271,10 @@ def main() -> None:
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--parts", action="store_true", help="time the engine's parts of a job (select, apply, step, "
                    "words, accounting, the rest): ms per job")
+    p.add_argument("--chunk-stats", action="store_true", help="the encoder's new source positions per encoding "
+                   "step against the positions graphs-encoder's padded chunk step computes")
+    p.add_argument("--no-yield", action="store_true", help="the engine thread does not hand the interpreter to "
+                   "the event loop after each job (the server's engine does: server/engine.py)")
     p.add_argument("--switch-interval-ms", type=float, help="the interpreter's switch interval (sys.setswitchinterval; "
                    "Python's default 5 ms): how long a thread that wants the lock waits before it asks for it")
     p.add_argument("--no-gc-freeze", action="store_true", help="leave what start-up made in the collector's sight "
@@ -276,6 +330,13 @@ def main() -> None:
         print("|---|---:|---:|")
         for k, v in r["parts"].items():
             print(f"| {k} | {v:.3f} | {r['parts_waiting'][k]:.3f} |")
+    if "chunks" in r:
+        c = r["chunks"]
+        print(f"\nencoder chunks (--chunk-stats), per step that encodes ({c['encoding_steps']} steps): "
+              f"{c['rows']:.0f} rows, {c['new_positions']:.0f} new source positions; a captured chunk step pads them "
+              f"to {c['one_shape_positions']:.0f} ({c['one_shape_positions'] / max(c['new_positions'], 1):.1f}x), "
+              f"one per width bucket would to {c['per_width_positions']:.0f} "
+              f"({c['per_width_positions'] / max(c['new_positions'], 1):.1f}x)")
     if args.json:
         Path(args.json).write_text(json.dumps({**r, "form": dec.form.name, "device": str(dec.device),
                                                "streams": args.streams, "max_batch": args.max_batch,

@@ -125,6 +125,9 @@ class ModelEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.steps = 0
+        # hand the interpreter to the event loop after each job (below); off only to measure what it costs
+        # (recipes/engine_flat_out.py --no-yield)
+        self.yield_after_job = True
         self.typical_batch = 1.0   # moving average of streams per job: what a batching window waits for
 
     # ---- description -----------------------------------------------------------
@@ -325,7 +328,8 @@ class ModelEngine:
             self._loop.call_soon_threadsafe(self._deliver, ready, events)
         # give the interpreter to the event loop if it waits for it (it reads the websockets that feed
         # the next job): without this, under overload the loop got the GIL only at the 5 ms switch interval
-        time.sleep(0)
+        if self.yield_after_job:
+            time.sleep(0)
         return False
 
     def _account(self, batch: list[StreamHandle], step: tuple[int, float] | None) -> None:

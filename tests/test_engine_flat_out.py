@@ -26,8 +26,9 @@ def test_engine_flat_out_reports_consistent_figures(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--tiny", "--source", str(src),
                         "--streams", "6", "--max-batch", "4", "--seconds", "1.5", "--warm-seconds", "0.5",
-                        "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
+                        "--no-yield", "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr   # (--no-yield: the engine never hands over; words still come)
     assert "| target words/s |" in r.stdout and "6 streams flat out, max batch 4" in r.stdout
     f = json.loads(out.read_text())
     assert f["words_per_s"] > 0 and f["sentences_per_s"] > 0 and f["steps_per_s"] > 0
@@ -42,13 +43,16 @@ def test_engine_flat_out_reports_consistent_figures(tmp_path):
 
 def test_parts_account_for_the_job_cycle(tmp_path):
     """--parts: the engine thread's time per job by part; each part a non-negative share of the job cycle, the
-    step part the same step the figures time, and together (with the time between jobs) the whole cycle."""
+    step part the same step the figures time, and together (with the time between jobs) the whole cycle; of
+    each, the time the thread did not run is a part of it. --chunk-stats in the same run: the encoder's new
+    positions per encoding step, never more than one padded step per width bucket computes, never more than
+    that than one padded step for all."""
     src = tmp_path / "source.de"
     src.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "flat.json"
     r = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--tiny", "--source", str(src),
                         "--streams", "6", "--max-batch", "4", "--seconds", "1.5", "--warm-seconds", "0.5", "--parts",
-                        "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                        "--chunk-stats", "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "where a job's time goes on the engine thread" in r.stdout
@@ -57,6 +61,27 @@ def test_parts_account_for_the_job_cycle(tmp_path):
     assert all(v >= -0.05 for v in parts.values()), parts   # (by difference: timer jitter only)
     assert abs(parts["step"] - f["mean_step_ms"]) < 0.05 * f["mean_step_ms"] + 0.05
     assert abs(sum(parts.values()) - f["cycle_ms"]) < 0.02 * f["cycle_ms"] + 0.05, (parts, f["cycle_ms"])
+    waiting = f["parts_waiting"]
+    assert set(waiting) == set(parts) and "of which not running" in r.stdout
+    assert all(-0.05 <= waiting[k] <= parts[k] + 0.05 for k in parts), (waiting, parts)
+    c = f["chunks"]
+    assert c["encoding_steps"] > 0 and 1 <= c["rows"] <= 4 and "encoder chunks (--chunk-stats)" in r.stdout
+    assert 0 < c["new_positions"] <= c["per_width_positions"] <= c["one_shape_positions"]
+
+
+def test_chunk_stats_count_what_each_padding_computes():
+    """Rows with 1, 3 and 20 new positions: one captured step pads them to 4 rows of width 32 (128
+    positions); one step per width bucket to 1x1 + 1x4 + 1x32 (37); past the widest bucket a row runs exactly."""
+    sys.path.insert(0, str(ROOT / "recipes"))
+    from engine_flat_out import ChunkStats
+    c = ChunkStats.__new__(ChunkStats)
+    c.sizes, c.widths = [1, 2, 4, 8], [1, 2, 4, 8, 16, 32, 64]
+    c.reset()
+    c.add([1, 3, 20])
+    assert (c.steps, c.rows, c.new, c.one_shape, c.per_width) == (1, 3, 24, 128, 37)
+    c.add([70, 2])   # wider than captured: 2 rows x 70 (eager) against 1x70 + 1x2
+    assert (c.new, c.one_shape, c.per_width) == (24 + 72, 128 + 140, 37 + 72)
+    assert c.summary()["new_positions"] == 48
 
 
 def test_save_tiny_writes_the_model_the_recipe_runs(tmp_path):

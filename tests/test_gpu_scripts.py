@@ -75,6 +75,21 @@ def test_every_command_of_the_gpu_check_takes_its_options():
     assert syntax.returncode == 0, syntax.stderr
 
 
+def test_every_recipe_the_gpu_check_runs_takes_its_options():
+    """The `"$PY" recipes/NAME.py ...` commands of check.sh: each flag is one the recipe's -h lists."""
+    joined = re.sub(r"\\\n\s*", " ", (GPU / "check.sh").read_text())
+    cmds = [(m.group(1), shlex.split(m.group(2).replace("\\\"", "").replace("$", "")))
+            for line in joined.splitlines() if not line.lstrip().startswith("#")
+            for m in [re.search(r'"\$PY" (recipes/[\w/]+\.py)\b(.*?)(?:\|\||$)', line)] if m]
+    assert {c for c, _ in cmds} >= {"recipes/engine_flat_out.py", "recipes/graph_breaks.py"}
+    assert any("--switch-interval-ms" in args for _, args in cmds) and any("--no-yield" in args for _, args in cmds)
+    for recipe, args in cmds:
+        helptext = subprocess.run([sys.executable, recipe, "-h"], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=120).stdout
+        for flag in (a for a in args if a.startswith("--")):
+            assert re.search(rf"{re.escape(flag)}\b", helptext), (recipe, flag)
+
+
 def pack_wheels() -> list[str]:
     """The WHEELS=(...) list of pack.sh, comments left out."""
     text = (GPU / "pack.sh").read_text().split("WHEELS=(", 1)[1]

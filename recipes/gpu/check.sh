@@ -67,6 +67,8 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-8}"
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
 BUDGET_ENGINE_FLAT="${BUDGET_ENGINE_FLAT:-50}"   # recipes/engine_flat_out.py: load, capture, 3 s warm, 15 s timed
+BUDGET_ENGINE_SWITCH="${BUDGET_ENGINE_SWITCH:-0}"   # the same at a 0.5 ms switch interval; 35 runs it (28 s on the H200)
+BUDGET_ENGINE_NO_YIELD="${BUDGET_ENGINE_NO_YIELD:-0}"   # the same without the hand-over after each job; 35 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
 DECODER_LEVELS="${DECODER_LEVELS:-1000,1500}"
@@ -155,7 +157,17 @@ dmon_off defaults
 # and --parts where a job's time goes on the engine thread (select, step, words, bookkeeping, hand-over)
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder (recipes/engine_flat_out.py)" "$BUDGET_ENGINE_FLAT" \
   "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
-  --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --json "$DIR/engine_flat_out.json"
+  --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --chunk-stats --json "$DIR/engine_flat_out.json"
+# the same with a 0.5 ms switch interval (Python's is 5 ms): whether the engine thread's waits for the interpreter
+# after each CUDA synchronisation (--parts: "not running") are what stretches the flat-out step
+step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, switch interval 0.5 ms" "$BUDGET_ENGINE_SWITCH" \
+  "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
+  --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --switch-interval-ms 0.5 --json "$DIR/engine_flat_out_switch.json"
+# and without the engine's hand-over of the interpreter after each job: whether the event loop's share then runs
+# while the GPU computes (on the CPU it moved the wait into the step and changed nothing else: docs/benchmarks.md)
+step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, no hand-over after each job" "$BUDGET_ENGINE_NO_YIELD" \
+  "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
+  --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --no-yield --json "$DIR/engine_flat_out_no_yield.json"
 dmon_on decoder
 step "bench server, --step graphs (the decoder's step alone captured), otherwise the defaults, no admission" "$BUDGET_SERVER_DECODER" \
   simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
