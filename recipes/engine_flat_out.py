@@ -100,14 +100,15 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     with pauses:
         await asyncio.sleep(args.seconds)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    split = parts.per_job(wall) if parts else None
+    split = (*parts.per_job(wall), *parts.step_per_job()) if parts else None
     steps = eng.steps - steps0
     stepped = _hist_sum(step_hist) - sum0
     rows = _hist_sum(eng.metrics.batch_size.labels("flat")) - rows0
     out = dict(words_per_s=(words - w0) / wall, sentences_per_s=(sents - s0) / wall, steps_per_s=steps / wall,
                mean_batch=rows / max(steps, 1), mean_step_ms=1000 * stepped / max(steps, 1),
                cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall,
-               gc=pauses.summary(wall), **({"parts": split[0], "parts_waiting": split[1]} if parts else {}),
+               gc=pauses.summary(wall),
+               **(dict(zip(("parts", "parts_waiting", "step_parts", "step_parts_waiting"), split)) if parts else {}),
                **({"chunks": chunks.summary()} if chunks else {}))
     stop = True
     for t in tasks:
@@ -122,29 +123,49 @@ class JobParts:
     in the engine thread's CPU time. Their difference is time the thread was not running: waiting for the
     interpreter's lock while another thread holds it (or for a CPU); a CUDA synchronisation spins, so it counts
     as running."""
-    TIMED = {"select": ("_ready",), "apply input": ("_apply",), "step": ("dec", "step"),
+    # part -> the methods it times ("dec." the decoder's, "upload." models.upload.Upload's, else the engine's)
+    TIMED = {"select": ("_ready",), "apply input": ("_apply",), "step": ("dec.step",),
              "words and sentences": ("_word", "_finish"), "account": ("_account",), "measure load": ("_measure_load",),
-             "job": ("_job",), "execute": ("_execute",), "step and events": ("_step",)}
+             "job": ("_job",), "execute": ("_execute",), "step and events": ("_step",),
+             # inside the step: planning its inputs, the one upload, the encoder's and the decoder's halves (the
+             # decoder's with its one read back: on a GPU where the host waits for the kernels), and each stream's
+             # results (a token written, words read), split by whether the decoder's half made them
+             "plan": ("dec._plan_encode", "dec._plan_decode"), "upload": ("upload.send",), "encode": ("dec._encode",),
+             "decode": ("dec._decode",), "results": ("dec._write", "dec._read")}
+    STEP = ("plan", "upload", "encode", "decode", "results")
 
     def __init__(self, eng: ModelEngine):
-        self.eng, self.seconds, self.cpu = eng, {k: 0.0 for k in self.TIMED}, {k: 0.0 for k in self.TIMED}
-        self.cpu0 = 0.0
-        for part, path in self.TIMED.items():
-            owner = eng.dec if path[0] == "dec" else eng
-            name = path[-1]
-            setattr(owner, name, self._timed(part, getattr(owner, name)))
+        from models.upload import Upload
+        parts = list(self.TIMED) + ["results in decode"]
+        self.eng, self.seconds, self.cpu = eng, dict.fromkeys(parts, 0.0), dict.fromkeys(parts, 0.0)
+        self.cpu0, self._in_decode = 0.0, False
+        for part, methods in self.TIMED.items():
+            for spec in methods:
+                where, _, name = spec.rpartition(".")
+                owner = {"dec": eng.dec, "upload": Upload, "": eng}[where]
+                setattr(owner, name, self._timed(part, getattr(owner, name)))
         self.jobs0 = 0
 
     def _timed(self, part: str, fn):
         seconds, cpu = self.seconds, self.cpu
+        decode, results = part == "decode", part == "results"
 
         def call(*a, **k):
+            if decode:
+                self._in_decode = True
+            inner = results and self._in_decode
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
-                seconds[part] += time.perf_counter() - t0
-                cpu[part] += time.thread_time() - c0
+                dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+                seconds[part] += dt
+                cpu[part] += dc
+                if inner:
+                    seconds["results in decode"] += dt
+                    cpu["results in decode"] += dc
+                if decode:
+                    self._in_decode = False
         return call
 
     def _thread_cpu(self) -> float:
@@ -163,6 +184,21 @@ class JobParts:
         jobs, cpu = max(self.eng.steps - self.jobs0, 1), self._thread_cpu() - self.cpu0   # (one moment: both)
         seconds, cpu_seconds = dict(self.seconds), dict(self.cpu)
         timed, ran = self._split(seconds, wall, jobs), self._split(cpu_seconds, cpu, jobs)
+        return timed, {k: timed[k] - ran[k] for k in timed}
+
+    def step_per_job(self) -> tuple[dict, dict]:
+        """ms per job of the step's parts, and of each the ms the thread did not run; the rest of the step
+        (deciding what needs no model, beams) by difference. They sum to the step part of per_job."""
+        jobs = max(self.eng.steps - self.jobs0, 1)
+
+        def split(seconds: dict) -> dict:
+            ms = {k: 1000 * v / jobs for k, v in seconds.items()}
+            out = {"plan its inputs": ms["plan"], "upload": ms["upload"], "encoder half": ms["encode"],
+                   "decoder half, with its read back": ms["decode"] - ms["results in decode"],
+                   "each stream's results (token written, words read)": ms["results"]}
+            out["rest of the step"] = ms["step"] - sum(out.values())
+            return out
+        timed, ran = split(dict(self.seconds)), split(dict(self.cpu))
         return timed, {k: timed[k] - ran[k] for k in timed}
 
     @staticmethod
@@ -330,6 +366,9 @@ def main() -> None:
         print("|---|---:|---:|")
         for k, v in r["parts"].items():
             print(f"| {k} | {v:.3f} | {r['parts_waiting'][k]:.3f} |")
+            if k == "step":
+                for sk, sv in r["step_parts"].items():
+                    print(f"| · {sk} | {sv:.3f} | {r['step_parts_waiting'][sk]:.3f} |")
     if "chunks" in r:
         c = r["chunks"]
         print(f"\nencoder chunks (--chunk-stats), per step that encodes ({c['encoding_steps']} steps): "

@@ -61,6 +61,12 @@ def test_parts_account_for_the_job_cycle(tmp_path):
     assert all(v >= -0.05 for v in parts.values()), parts   # (by difference: timer jitter only)
     assert abs(parts["step"] - f["mean_step_ms"]) < 0.05 * f["mean_step_ms"] + 0.05
     assert abs(sum(parts.values()) - f["cycle_ms"]) < 0.02 * f["cycle_ms"] + 0.05, (parts, f["cycle_ms"])
+    steps = f["step_parts"]   # the step's own parts: planning, upload, the halves, results, the rest
+    assert all(v >= -0.05 for v in steps.values()), steps
+    assert abs(sum(steps.values()) - parts["step"]) < 0.02 * parts["step"] + 0.05, (steps, parts["step"])
+    assert steps["decoder half, with its read back"] > 0
+    assert steps["each stream's results (token written, words read)"] > 0
+    assert set(f["step_parts_waiting"]) == set(steps)
     waiting = f["parts_waiting"]
     assert set(waiting) == set(parts) and "of which not running" in r.stdout
     assert all(-0.05 <= waiting[k] <= parts[k] + 0.05 for k in parts), (waiting, parts)
