@@ -35,6 +35,7 @@ from models.policies import Policy, make_policy, policy_class
 from models.step import StreamingDecoder
 from models.stream import StreamError, StreamState, TargetWord
 from server.admission import Admission, Headroom
+from server.metrics import observe_many
 from server.protocol import error as _error
 from server.run_queue import RunQueue
 
@@ -316,11 +317,12 @@ class ModelEngine:
                 ready = self._ready()
             self.metrics.batch_wait_seconds.labels(self.name).observe(time.monotonic() - t0)
         self.typical_batch += 0.2 * (len(ready) - self.typical_batch)
-        now, queued = time.monotonic(), self.metrics.queue_seconds.labels(self.name)
+        now, waits = time.monotonic(), []
         for h in ready:   # how long each stream waited with something to do
             if h.ready_since is not None:
-                queued.observe(now - h.ready_since)
+                waits.append(now - h.ready_since)
             h.ready_since = None
+        observe_many(self.metrics.queue_seconds.labels(self.name), waits)
         events, step = self._execute(ready)
         self._account(ready, step)
         self._measure_load(step, events, now if idle else self._job_end)
@@ -385,22 +387,22 @@ class ModelEngine:
     def _deliver(self, batch: list[StreamHandle], events: dict) -> None:
         """Each stream's words and sentence results of one job onto its queue (event loop)."""
         m, name = self.metrics, self.name
-        lag = m.word_lag_seconds.labels(name)
-        words = sentences = 0             # counted here, added once a job (a labelled counter takes a lock a call)
+        lags = []                         # observed once a job, as the words and sentences are counted
+        sentences = 0
         for h in batch:
             if h.closed:                  # gone during the job: nobody reads its queue
                 continue
             for ev in events.get(h.id, ()):
                 if ev["type"] == "word":
-                    words += 1
-                    lag.observe(ev["lag_ms"] / 1000)
+                    lags.append(ev["lag_ms"] / 1000)
                 elif ev["type"] == "sentence":
                     sentences += 1
                 h.out.put_nowait(ev)
             if h.out.qsize() > self.max_output and h.kill is not None:
                 h.kill("slow_consumer")
-        if words:
-            m.words_out.labels(name).inc(words)
+        if lags:
+            observe_many(m.word_lag_seconds.labels(name), lags)
+            m.words_out.labels(name).inc(len(lags))
         if sentences:
             m.sentences.labels(name).inc(sentences)
 

@@ -155,12 +155,12 @@ def test_run_boxed_script_checks_then_trains_runs_side_by_side_and_brings_back_a
     env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out), "TRAIN_TAR": str(tmp_path / "train.tar.xz"),
            "TRAIN_DATA": str(tmp_path / "unpacked"), "STATE_ROOT": str(tmp_path / "state"), "TRAIN_MINUTES": "0.03",
            **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP_BF16", "ENGINE", "ENGINE_FLAT", "GRAPHS", "SERVER", "SERVER_DECODER", "PROFILE", "TWO",
-                                                 "EVAL")}, "BUDGET_STEP": "0"}
+                                                 "EVAL")}, "BUDGET_STEP": "0", "COMMIT": "abc1234"}
     done = subprocess.run(["bash", str(GPU / "run_boxed.sh"), "60", *recipes], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = (out / "gpu_check.md").read_text()
-    assert "## CUDA tests" in report
+    assert "## CUDA tests" in report and ", commit abc1234\n" in report   # the commit as sent, not as git says there
     # a part given no budget is named as skipped; the others ran (and were cut off at their second)
     assert re.search(r"## bench step, float32[^\n]*\n\nskipped: budget 0", report)
     assert "stopped at its budget of 1 s" in report.split("## bench step, bfloat16", 1)[1]

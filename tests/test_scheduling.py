@@ -21,6 +21,9 @@ def test_one_step_per_job_streams_the_same_and_queueing_is_measured(trained, ref
             check_stream_equals_translate(srv.url, policy, reference)
         assert srv.metric("simulserve_queue_seconds_count", model="gma") > 0
         assert srv.metric("simulserve_step_seconds_count", model="gma") > 0
+        for policy in SETTINGS:   # one lag observed a word emitted (a job's lags go in at once: observe_many)
+            words = srv.metric("simulserve_target_words_total", model=policy)
+            assert words > 0 and srv.metric("simulserve_word_lag_seconds_count", model=policy) == words
 
 
 def test_a_flood_of_words_does_not_starve_a_quiet_speaker(trained, reference):

@@ -116,7 +116,12 @@ step() {
   fi
 }
 
-say "# simulserve GPU check" "" "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# the commit measured: COMMIT=... as given where the tree was sent from (the GPU machine's own git metadata can be
+# older than the tree it was sent: there, a tree of 006f0e6 reported d0771c7, the day's first copy)
+if [ -z "${COMMIT:-}" ]; then
+  COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo '?') (the GPU machine's git metadata; COMMIT= not given)"
+fi
+say "# simulserve GPU check" "" "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $COMMIT"
 say "" '```' "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
 say "$("$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")' 2>&1)"
 say '```'
