@@ -132,7 +132,6 @@ class JobParts:
              # results (a token written, words read), split by whether the decoder's half made them
              "plan": ("dec._plan_encode", "dec._plan_decode"), "upload": ("upload.send",), "encode": ("dec._encode",),
              "decode": ("dec._decode",), "results": ("dec._write", "dec._read")}
-    STEP = ("plan", "upload", "encode", "decode", "results")
 
     def __init__(self, eng: ModelEngine):
         from models.upload import Upload
@@ -306,7 +305,8 @@ def main() -> None:
     p.add_argument("--profile", help="py-spy raw samples of this process to this file")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--parts", action="store_true", help="time the engine's parts of a job (select, apply, step, "
-                   "words, accounting, the rest): ms per job")
+                   "words, accounting, the rest) and the step's (planning, upload, encoder, decoder, results): ms "
+                   "per job, and of each the time the engine thread did not run")
     p.add_argument("--chunk-stats", action="store_true", help="the encoder's new source positions per encoding "
                    "step against the positions graphs-encoder's padded chunk step computes")
     p.add_argument("--no-yield", action="store_true", help="the engine thread does not hand the interpreter to "
