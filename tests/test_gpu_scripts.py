@@ -152,10 +152,12 @@ def test_run_boxed_script_checks_then_trains_runs_side_by_side_and_brings_back_a
                                           "average_last": 1, "lr": lr, "model": model_dict(word_tok, "gma")}))
         recipes.append(str(recipe))
     out = tmp_path / "out"
-    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out), "TRAIN_TAR": str(tmp_path / "train.tar.xz"),
-           "TRAIN_DATA": str(tmp_path / "unpacked"), "STATE_ROOT": str(tmp_path / "state"), "TRAIN_MINUTES": "0.03",
-           **{f"BUDGET_{part}": "1" for part in ("TESTS", "STEP_BF16", "ENGINE", "ENGINE_FLAT", "GRAPHS", "SERVER", "SERVER_DECODER", "PROFILE", "TWO",
-                                                 "EVAL")}, "BUDGET_STEP": "0", "COMMIT": "abc1234"}
+    budgets = ("TESTS", "STEP_BF16", "ENGINE", "ENGINE_FLAT", "GRAPHS", "SERVER", "SERVER_DECODER", "PROFILE", "TWO",
+               "EVAL")
+    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out),
+           "TRAIN_TAR": str(tmp_path / "train.tar.xz"), "TRAIN_DATA": str(tmp_path / "unpacked"),
+           "STATE_ROOT": str(tmp_path / "state"), "TRAIN_MINUTES": "0.03",
+           **{f"BUDGET_{part}": "1" for part in budgets}, "BUDGET_STEP": "0", "COMMIT": "abc1234"}
     done = subprocess.run(["bash", str(GPU / "run_boxed.sh"), "60", *recipes], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -200,7 +202,8 @@ def test_train_curves_plot_the_runs_and_summarise_their_epoch_ends(tmp_path):
 def test_profile_summary_counts_each_thread_inclusive_and_self(tmp_path):
     """recipes/profile_summary.py (the tables of profile_engine.sh) on a raw py-spy profile written by hand."""
     raw = tmp_path / "profile.txt"
-    raw.write_text("thread (0x1a): engine-m;_core (server/engine.py:300);step (models/step.py:10);gather (models/cache_pool.py:5) 6\n"
+    raw.write_text("thread (0x1a): engine-m;_core (server/engine.py:300);step (models/step.py:10);"
+                   "gather (models/cache_pool.py:5) 6\n"
                    "thread (0x1a): engine-m;_core (server/engine.py:300);step (models/step.py:12) 2\n"
                    "thread (0x1a): engine-m;_core (server/engine.py:301) 2\n"
                    "thread (7): MainThread;run (asyncio/runners.py:1);send (app.py:9) 1\n")
@@ -212,7 +215,8 @@ def test_profile_summary_counts_each_thread_inclusive_and_self(tmp_path):
     engine = out.split("engine-m: functions running itself")[1].split("MainThread")[0]
     assert "| 60.0% | gather (cache_pool.py) |" in engine and "| 20.0% | step (step.py) |" in engine
     assert "| 80.0% | step (step.py) |" in out.split("engine-m: functions on the stack")[1]   # two lines, one function
-    assert "_core (engine.py)" not in out.split("engine-m: functions on the stack")[1].split("engine-m:")[0]   # the trunk
+    trunk = out.split("engine-m: functions on the stack")[1].split("engine-m:")[0]
+    assert "_core (engine.py)" not in trunk   # the trunk every sample shares is left out
 
 
 def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):

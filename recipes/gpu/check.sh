@@ -69,6 +69,7 @@ BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
 BUDGET_ENGINE_FLAT="${BUDGET_ENGINE_FLAT:-50}"   # recipes/engine_flat_out.py: load, capture, 3 s warm, 15 s timed
 BUDGET_ENGINE_SWITCH="${BUDGET_ENGINE_SWITCH:-0}"   # the same at a 0.5 ms switch interval; 35 runs it (28 s on the H200)
 BUDGET_ENGINE_NO_YIELD="${BUDGET_ENGINE_NO_YIELD:-0}"   # the same without the hand-over after each job; 35 runs it
+BUDGET_ENGINE_BATCH512="${BUDGET_ENGINE_BATCH512:-0}"   # the same with jobs of up to 512 rows; 40 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
 DECODER_LEVELS="${DECODER_LEVELS:-1000,1500}"
@@ -173,6 +174,11 @@ step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, 
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, no hand-over after each job" "$BUDGET_ENGINE_NO_YIELD" \
   "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
   --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --no-yield --json "$DIR/engine_flat_out_no_yield.json"
+# and with jobs of up to 512 rows (graphs captured up to that batch): whether the kernels' and the lock's cost per
+# job spreads over twice the rows (about 2.6 and 1.5 ms of an 11 ms job of 256 on the H200 at d0771c7-006f0e6)
+step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, jobs of up to 512 rows" "$BUDGET_ENGINE_BATCH512" \
+  "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
+  --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --max-batch 512 --json "$DIR/engine_flat_out_batch512.json"
 dmon_on decoder
 step "bench server, --step graphs (the decoder's step alone captured), otherwise the defaults, no admission" "$BUDGET_SERVER_DECODER" \
   simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
