@@ -216,14 +216,16 @@ class JobParts:
 class ChunkStats:
     """--chunk-stats: the encoder's work per step that encodes: the new source positions the rows have, against
     the positions a captured encoder step computes (graphs-encoder pads every row to the widest row's width
-    bucket and the rows to a batch bucket: models/cuda_graphs.py `encoder_shape`), and against one captured
-    step per width bucket instead. Counted from what `_plan_encode` chose, whatever the device and form."""
+    bucket and the rows to a batch bucket: models/cuda_graphs.py `encoder_shape`), against one captured step per
+    width bucket instead, and against the eager step (the CPU's forms: every row padded to the widest row's
+    exact width), alone or one per width bucket (each group padded to its own widest row). Counted from what
+    `_plan_encode` chose, whatever the device and form."""
 
     def __init__(self, dec: StreamingDecoder, max_batch: int):
         from models.cuda_graphs import powers_of_two
         from models.step import ENCODER_WIDTHS
         self.sizes, self.widths = powers_of_two(max_batch), [w for w in ENCODER_WIDTHS if w <= dec.cfg.max_positions]
-        self.steps = self.rows = self.new = self.one_shape = self.per_width = 0
+        self.reset()
         plan = dec._plan_encode
 
         def planned(states, upload):
@@ -248,14 +250,24 @@ class ChunkStats:
             w = self._up(n, self.widths)
             groups[w] = groups.get(w, 0) + 1
         self.per_width += sum(self._up(c, self.sizes) * w for w, c in groups.items())
+        self.eager += len(lens) * max(lens)
+        widest: dict[int, int] = {}
+        for n in lens:
+            w = self._up(n, self.widths)
+            widest[w] = max(widest.get(w, 0), n)
+        self.eager_per_width += sum(groups[w] * m for w, m in widest.items())
+        self.groups += len(groups)
 
     def reset(self) -> None:
         self.steps = self.rows = self.new = self.one_shape = self.per_width = 0
+        self.eager = self.eager_per_width = self.groups = 0
 
     def summary(self) -> dict:
         n = max(self.steps, 1)
         return {"encoding_steps": self.steps, "rows": self.rows / n, "new_positions": self.new / n,
-                "one_shape_positions": self.one_shape / n, "per_width_positions": self.per_width / n}
+                "one_shape_positions": self.one_shape / n, "per_width_positions": self.per_width / n,
+                "eager_positions": self.eager / n, "eager_per_width_positions": self.eager_per_width / n,
+                "width_groups": self.groups / n}
 
 
 class GcPauses:
@@ -375,7 +387,10 @@ def main() -> None:
               f"{c['rows']:.0f} rows, {c['new_positions']:.0f} new source positions; a captured chunk step pads them "
               f"to {c['one_shape_positions']:.0f} ({c['one_shape_positions'] / max(c['new_positions'], 1):.1f}x), "
               f"one per width bucket would to {c['per_width_positions']:.0f} "
-              f"({c['per_width_positions'] / max(c['new_positions'], 1):.1f}x)")
+              f"({c['per_width_positions'] / max(c['new_positions'], 1):.1f}x); the eager step (CPU) pads them to "
+              f"{c['eager_positions']:.0f} ({c['eager_positions'] / max(c['new_positions'], 1):.1f}x), one per width "
+              f"bucket would to {c['eager_per_width_positions']:.0f} "
+              f"({c['eager_per_width_positions'] / max(c['new_positions'], 1):.1f}x) in {c['width_groups']:.1f} calls")
     if args.json:
         Path(args.json).write_text(json.dumps({**r, "form": dec.form.name, "device": str(dec.device),
                                                "streams": args.streams, "max_batch": args.max_batch,

@@ -73,6 +73,7 @@ def test_parts_account_for_the_job_cycle(tmp_path):
     c = f["chunks"]
     assert c["encoding_steps"] > 0 and 1 <= c["rows"] <= 4 and "encoder chunks (--chunk-stats)" in r.stdout
     assert 0 < c["new_positions"] <= c["per_width_positions"] <= c["one_shape_positions"]
+    assert c["new_positions"] <= c["eager_per_width_positions"] <= c["eager_positions"] <= c["one_shape_positions"]
 
 
 def test_chunk_stats_count_what_each_padding_computes():
@@ -85,9 +86,14 @@ def test_chunk_stats_count_what_each_padding_computes():
     c.reset()
     c.add([1, 3, 20])
     assert (c.steps, c.rows, c.new, c.one_shape, c.per_width) == (1, 3, 24, 128, 37)
+    # eager (the CPU): 3 rows of the widest, 20 (60); one call per width bucket, each to its widest: 1 + 3 + 20
+    assert (c.eager, c.eager_per_width, c.groups) == (60, 24, 3)
     c.add([70, 2])   # wider than captured: 2 rows x 70 (eager) against 1x70 + 1x2
     assert (c.new, c.one_shape, c.per_width) == (24 + 72, 128 + 140, 37 + 72)
-    assert c.summary()["new_positions"] == 48
+    assert (c.eager, c.eager_per_width, c.groups) == (60 + 140, 24 + 72, 5)
+    c.add([5, 7, 6])   # one bucket (8): its widest row, 7, three times; eager the same
+    assert (c.eager, c.eager_per_width, c.groups) == (200 + 21, 96 + 21, 6)
+    assert c.summary()["new_positions"] == (96 + 18) / 3
 
 
 def test_save_tiny_writes_the_model_the_recipe_runs(tmp_path):
