@@ -229,12 +229,10 @@ class ChunkStats:
         plan = dec._plan_encode
 
         def planned(states, upload):
-            lens = [s.available - s.n_encoded for s in states if s.n_encoded < s.available and not s.done
-                    and (dec.cfg.causal_encoder or s.source_finished)]   # (the rows _plan_encode takes)
-            todo = plan(states, upload)
-            if lens:
-                self.add(lens)
-            return todo
+            todo, how = plan(states, upload)
+            if todo:   # (their positions encoded so far move on only when the chunk step runs)
+                self.add([s.available - s.n_encoded for s in todo])
+            return todo, how
         dec._plan_encode = planned
 
     def _up(self, n: int, buckets: list[int]) -> int:
@@ -245,17 +243,13 @@ class ChunkStats:
         self.rows += len(lens)
         self.new += sum(lens)
         self.one_shape += self._up(len(lens), self.sizes) * self._up(max(lens), self.widths)
-        groups: dict[int, int] = {}
+        groups: dict[int, list[int]] = {}   # width bucket -> [rows, the widest row's width]
         for n in lens:
-            w = self._up(n, self.widths)
-            groups[w] = groups.get(w, 0) + 1
-        self.per_width += sum(self._up(c, self.sizes) * w for w, c in groups.items())
+            g = groups.setdefault(self._up(n, self.widths), [0, 0])
+            g[0], g[1] = g[0] + 1, max(g[1], n)
+        self.per_width += sum(self._up(rows, self.sizes) * w for w, (rows, _) in groups.items())
         self.eager += len(lens) * max(lens)
-        widest: dict[int, int] = {}
-        for n in lens:
-            w = self._up(n, self.widths)
-            widest[w] = max(widest.get(w, 0), n)
-        self.eager_per_width += sum(groups[w] * m for w, m in widest.items())
+        self.eager_per_width += sum(rows * widest for rows, widest in groups.values())
         self.groups += len(groups)
 
     def reset(self) -> None:
