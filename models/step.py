@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import struct
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from models.beam import beam_search
 from models.cache_pool import CachePool
-from models.decode_io import DecodeInput
+from models.decode_io import DecodeInput, DecodeOutput
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
@@ -38,6 +39,18 @@ ENCODER_WIDTHS = [1, 2, 4, 8, 16, 32, 64]
 def _bits(value: float) -> int:
     """A float's float64 bit pattern as an int (Upload carries int64; SlotState.reset_rows views it back)."""
     return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
+@dataclass
+class PendingStep:
+    """A step `launch`ed and not yet `collect`ed: the outputs decided on the host, and for the rows the decoder
+    decides (`batch`, indices into `states`) its queued decisions."""
+    states: list[StreamState]
+    out: list[StepOutput | None]
+    batch: list[int] = field(default_factory=list)
+    decided: torch.Tensor | None = None       # (len(batch), 3): on the device, or its pinned copy (`ready`)
+    ready: torch.cuda.Event | None = None     # recorded after the copy to the host (launch's defer)
+    record: DecodeOutput | None = None        # the trial's DecodeOutput where a stream records (plots)
 
 
 class StreamingDecoder:
@@ -216,11 +229,22 @@ class StreamingDecoder:
         s.blocked = False
 
     # ---- the step -----------------------------------------------------------
-    @torch.inference_mode()
     def step(self, states: list[StreamState]) -> list[StepOutput]:
+        """One step of `states`: what each does (READ, WRITE, DONE), its state moved on."""
+        return self.collect(self.launch(states))
+
+    @torch.inference_mode()
+    def launch(self, states: list[StreamState], defer: bool = False) -> PendingStep:
+        """The first half of `step`: every decision that needs no model, made, and the batch's encoder and decoder
+        work queued on the device; `collect` takes the decoder's decisions. Between the two the states are in
+        flight: no other launch may take them. defer (CUDA): the decisions are copied to the host behind the
+        queued kernels, so that the caller can do other host work (an earlier step's results, another batch's
+        planning) while the device runs, and `collect` waits only for what is left (server/engine.py overlap)."""
         for s in states:
             if s.slot is None:
                 raise StreamError("stream is closed")
+            if s.in_flight:
+                raise StreamError("stream is in a step that was launched and not yet collected")
         out: list[StepOutput | None] = [None] * len(states)
         compute = []
         for i, s in enumerate(states):
@@ -238,8 +262,9 @@ class StreamingDecoder:
                 out[i] = self._write(s, self.cfg.eos_id)
             else:
                 compute.append(i)
+        pending = PendingStep(states, out)
         if not compute:
-            return out
+            return pending
         beams = [i for i in compute if states[i].policy.beam > 1]
         batch = [i for i in compute if i not in beams]
         # encode only what a decoder step is about to use: words read while the policy waits
@@ -257,9 +282,34 @@ class StreamingDecoder:
             s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
             out[i] = self._write(s, s.queue.pop(0))
         if batch:
-            for i, o in zip(batch, self._decode([states[i] for i in batch], sent, *lengths)):
-                out[i] = o
-        return out
+            decided, pending.record = self._launch_decode([states[i] for i in batch], sent, *lengths)
+            decided = decided[: len(batch)]
+            if defer and self.device.type == "cuda":   # (pinned: the copy runs behind the queued kernels)
+                pending.decided = torch.empty(decided.shape, dtype=decided.dtype, pin_memory=True)
+                pending.decided.copy_(decided, non_blocking=True)
+                pending.ready = torch.cuda.Event()
+                pending.ready.record()
+            else:
+                pending.decided = decided
+            pending.batch = batch
+            for i in batch:
+                states[i].in_flight = True
+        return pending
+
+    @torch.inference_mode()
+    def collect(self, pending: PendingStep) -> list[StepOutput]:
+        """The second half of `step`: the decoder's decisions read back (the one copy back; on a GPU the wait for
+        the kernels) and applied to their streams; what each stream of the launched step did."""
+        if pending.batch:
+            states = [pending.states[i] for i in pending.batch]
+            try:
+                decided = self._read_back(pending)
+            finally:
+                for s in states:
+                    s.in_flight = False
+            for i, o in zip(pending.batch, self._results(states, decided, pending.record)):
+                pending.out[i] = o
+        return pending.out
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """Output logits (B, V) of top decoder states (B, d): Transformer.logits, computed faster."""
@@ -457,31 +507,42 @@ class StreamingDecoder:
         return (self.bucket(max(max(len(s.target_tokens) for s in states), 1)),
                 self.bucket(max(s.available for s in states)))
 
-    def _decode(self, states: list[StreamState], sent: dict[str, torch.Tensor], t_max: int,
-                a_max: int) -> list[StepOutput]:
-        """One batched decoder trial. The per-stream numbers the model alone uses (k, δ, GMA's
-        sums, a variant's context) stay in the pool's slot rows; what comes back to the host is
-        one (B, 3) copy: READ or not, the source it needs, the token."""
+    def _launch_decode(self, states: list[StreamState], sent: dict[str, torch.Tensor], t_max: int,
+                       a_max: int) -> tuple[torch.Tensor, DecodeOutput | None]:
+        """One batched decoder trial, queued on the device. The per-stream numbers the model alone uses (k, δ,
+        GMA's sums, a variant's context) stay in the pool's slot rows; what the host reads back (`collect`) is
+        one (B, 3) tensor: READ or not, the source it needs, the token (rows past the batch: padding)."""
         slots = sent["dec_slots"]
         record = any(s.record is not None for s in states)   # (a diagnostic for plots: it runs eager)
         if self.graphs is not None and not record:   # (= _graphed: _plan_decode padded the changed rows for it)
-            decided, out = self.graphs.run(slots, t_max, a_max, sent.get("changes"), sent.get("fresh")), None
-        else:
-            if "fresh" in sent:
-                self.pool.rows.reset_rows(sent["fresh"], self.slot_names)
-            if "changes" in sent:
-                self.pool.rows.write_rows(sent["changes"])
-            lone = states[0].slot if len(states) == 1 else None
-            decided, out = self._decode_core(slots, t_max, a_max, sent.get("bans"), lone, record)
-        decided = decided[: len(states)].tolist()   # the one copy back
+            return self.graphs.run(slots, t_max, a_max, sent.get("changes"), sent.get("fresh")), None
+        if "fresh" in sent:
+            self.pool.rows.reset_rows(sent["fresh"], self.slot_names)
+        if "changes" in sent:
+            self.pool.rows.write_rows(sent["changes"])
+        lone = states[0].slot if len(states) == 1 else None
+        decided, out = self._decode_core(slots, t_max, a_max, sent.get("bans"), lone, record)
+        return decided, out if record else None
+
+    @staticmethod
+    def _read_back(pending: PendingStep) -> list[list[int]]:
+        """The launched decoder trial's (B, 3) decisions on the host (on a GPU: once its kernels are done)."""
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        return pending.decided.tolist()
+
+    def _results(self, states: list[StreamState], decided: list[list[int]], out: DecodeOutput | None
+                 ) -> list[StepOutput]:
+        """Each stream's decoder decision applied on the host: words read, or a token written (the device has
+        moved its row on already)."""
         outs = []
-        for r, s in enumerate(states):
-            was_read, n, token = decided[r]
+        for s, (was_read, n, token) in zip(states, decided):
             if was_read:
                 s.need = n
                 outs.append(self._read(s, n))
                 continue
             if s.record is not None:
+                r = len(outs)
                 s.record.append({"n": out.n[r].tolist(),
                                  "p": out.p[r].tolist() if out.p is not None else None,
                                  "attention": [a[r].mean(0)[: s.available].tolist() for a in out.attention]})

@@ -55,7 +55,8 @@ def decoder(args) -> StreamingDecoder:
 
 
 async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
-    eng = ModelEngine("flat", dec, metrics=Metrics(), max_batch=args.max_batch, capacity=args.streams + 1)
+    eng = ModelEngine("flat", dec, metrics=Metrics(), max_batch=args.max_batch, capacity=args.streams + 1,
+                      overlap={"auto": None, "on": True, "off": False}[args.overlap])
     eng.yield_after_job = not args.no_yield
     parts = JobParts(eng) if args.parts else None
     chunks = ChunkStats(dec, args.max_batch) if args.chunk_stats else None
@@ -106,7 +107,7 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     rows = _hist_sum(eng.metrics.batch_size.labels("flat")) - rows0
     out = dict(words_per_s=(words - w0) / wall, sentences_per_s=(sents - s0) / wall, steps_per_s=steps / wall,
                mean_batch=rows / max(steps, 1), mean_step_ms=1000 * stepped / max(steps, 1),
-               cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall,
+               cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall, overlap=eng.overlap,
                gc=pauses.summary(wall),
                **(dict(zip(("parts", "parts_waiting", "step_parts", "step_parts_waiting"), split)) if parts else {}),
                **({"chunks": chunks.summary()} if chunks else {}))
@@ -124,20 +125,21 @@ class JobParts:
     interpreter's lock while another thread holds it (or for a CPU); a CUDA synchronisation spins, so it counts
     as running."""
     # part -> the methods it times ("dec." the decoder's, "upload." models.upload.Upload's, else the engine's)
-    TIMED = {"select": ("_ready",), "apply input": ("_apply",), "step": ("dec.step",),
+    TIMED = {"select": ("_ready",), "apply input": ("_apply",), "step": ("dec.launch", "dec.collect"),
              "words and sentences": ("_word", "_finish"), "account": ("_account",), "measure load": ("_measure_load",),
-             "job": ("_job",), "execute": ("_execute",), "step and events": ("_step",),
-             # inside the step: planning its inputs, the one upload, the encoder's and the decoder's halves (the
-             # decoder's with its one read back: on a GPU where the host waits for the kernels), and each stream's
-             # results (a token written, words read), split by whether the decoder's half made them
+             "begin": ("_begin",), "end": ("_end",), "launch": ("_launch",), "collect": ("_collect",),
+             # inside the step: planning its inputs, the one upload, the encoder's half, the decoder's half queued,
+             # its one read back (on a GPU the host waits there for the kernels still running), and each stream's
+             # results (a token written, words read)
              "plan": ("dec._plan_encode", "dec._plan_decode"), "upload": ("upload.send",), "encode": ("dec._encode",),
-             "decode": ("dec._decode",), "results": ("dec._write", "dec._read")}
+             "decode": ("dec._launch_decode",), "read back": ("dec._read_back",),
+             "results": ("dec._write", "dec._read")}
 
     def __init__(self, eng: ModelEngine):
         from models.upload import Upload
-        parts = list(self.TIMED) + ["results in decode"]
+        parts = list(self.TIMED)
         self.eng, self.seconds, self.cpu = eng, dict.fromkeys(parts, 0.0), dict.fromkeys(parts, 0.0)
-        self.cpu0, self._in_decode = 0.0, False
+        self.cpu0 = 0.0
         for part, methods in self.TIMED.items():
             for spec in methods:
                 where, _, name = spec.rpartition(".")
@@ -147,24 +149,14 @@ class JobParts:
 
     def _timed(self, part: str, fn):
         seconds, cpu = self.seconds, self.cpu
-        decode, results = part == "decode", part == "results"
 
         def call(*a, **k):
-            if decode:
-                self._in_decode = True
-            inner = results and self._in_decode
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
-                dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-                seconds[part] += dt
-                cpu[part] += dc
-                if inner:
-                    seconds["results in decode"] += dt
-                    cpu["results in decode"] += dc
-                if decode:
-                    self._in_decode = False
+                seconds[part] += time.perf_counter() - t0
+                cpu[part] += time.thread_time() - c0
         return call
 
     def _thread_cpu(self) -> float:
@@ -193,7 +185,7 @@ class JobParts:
         def split(seconds: dict) -> dict:
             ms = {k: 1000 * v / jobs for k, v in seconds.items()}
             out = {"plan its inputs": ms["plan"], "upload": ms["upload"], "encoder half": ms["encode"],
-                   "decoder half, with its read back": ms["decode"] - ms["results in decode"],
+                   "decoder half, queued": ms["decode"], "read back (a GPU: waiting for the kernels)": ms["read back"],
                    "each stream's results (token written, words read)": ms["results"]}
             out["rest of the step"] = ms["step"] - sum(out.values())
             return out
@@ -204,12 +196,12 @@ class JobParts:
     def _split(seconds: dict, total: float, jobs: int) -> dict:
         ms = {k: 1000 * v / jobs for k, v in seconds.items()}
         out = {k: ms[k] for k in ("select", "apply input", "step", "words and sentences")}
-        out["other step bookkeeping"] = ms["step and events"] - ms["step"] - ms["words and sentences"]
-        out["other execute"] = ms["execute"] - ms["step and events"] - ms["apply input"]
+        out["other step bookkeeping"] = ms["launch"] + ms["collect"] - ms["step"] - ms["words and sentences"]
+        out["rest of the job's start (queue metrics)"] = ms["begin"] - ms["apply input"] - ms["launch"]
         out["account"], out["measure load"] = ms["account"], ms["measure load"]
-        out["rest of the job (metrics, handing over to the event loop)"] = (
-            ms["job"] - ms["execute"] - ms["account"] - ms["measure load"])
-        out["between jobs"] = 1000 * total / jobs - ms["job"] - ms["select"]
+        out["rest of the job's end (handing over to the event loop)"] = (
+            ms["end"] - ms["collect"] - ms["account"] - ms["measure load"])
+        out["between jobs"] = 1000 * total / jobs - ms["begin"] - ms["end"] - ms["select"]
         return out
 
 
@@ -315,6 +307,8 @@ def main() -> None:
                    "per job, and of each the time the engine thread did not run")
     p.add_argument("--chunk-stats", action="store_true", help="the encoder's new source positions per encoding "
                    "step against the positions graphs-encoder's padded chunk step computes")
+    p.add_argument("--overlap", choices=("auto", "on", "off"), default="auto", help="launch each job's step before "
+                   "the job before it ends (server/engine.py; auto, as the server: on a CUDA device)")
     p.add_argument("--no-yield", action="store_true", help="the engine thread does not hand the interpreter to "
                    "the event loop after each job (the server's engine does: server/engine.py)")
     p.add_argument("--switch-interval-ms", type=float, help="the interpreter's switch interval (sys.setswitchinterval; "
@@ -354,7 +348,8 @@ def main() -> None:
         spy.wait()
     print(f"CPU: {cpu_summary()['line']}; torch {torch.__version__}; {args.threads} torch thread(s)")
     print(f"model: {args.model}{' (tiny, untrained)' if args.tiny else ''} on {dec.device}, step form {dec.form.name}, "
-          f"{args.streams} streams flat out, max batch {args.max_batch}, {args.seconds:g} s")
+          f"{args.streams} streams flat out, max batch {args.max_batch}, overlap {'on' if r['overlap'] else 'off'}, "
+          f"{args.seconds:g} s")
     print("| target words/s | sentences/s | jobs/s | mean batch | mean step ms | job cycle ms | cycle µs a row "
           "| stepping | process CPU |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

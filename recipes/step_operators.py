@@ -75,7 +75,10 @@ def main() -> None:
                 launched[name].append(outside(events, REPLAYED, within) if graphs else counts[name][-1])
             return out
         return call
-    dec._encode, dec._decode = marked("encoder", dec._encode), marked("decoder", dec._decode)
+    dec._encode = marked("encoder", dec._encode)
+    # the decoder's half: queued, then read back (an older tree: one method, _decode)
+    for name in ("_launch_decode", "_read_back") if hasattr(dec, "_launch_decode") else ("_decode",):
+        setattr(dec, name, marked("decoder", getattr(dec, name)))
     dec.step = counted(dec.step)   # (with the upload and the host's planning: all of a step)
     lines = [s.strip() for s in open(args.source, encoding="utf-8") if s.strip()][: args.sentences]
     if args.arrivals == "staggered":

@@ -97,7 +97,8 @@ class ServerState:
                                   max_output_messages=limits.max_output_messages,
                                   admission=Admission(delay_budget_ms=headroom.delay_budget_ms, quiet_s=headroom.admission_quiet_s,
                                                       retry_max_s=headroom.admission_retry_max_s, enabled=headroom.admission),
-                                  capacity=limits.max_streams)
+                                  capacity=limits.max_streams,
+                                  overlap={"auto": None, "on": True, "off": False}[batching.overlap])
                 await eng.start()   # (the graphs form captures here, before the warm-up and before ready)
                 if serving.warmup:
                     await asyncio.to_thread(eng.warmup)

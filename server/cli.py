@@ -40,6 +40,9 @@ FLAGS = {
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
+    "--overlap": ("overlap", {"choices": ["auto", "on", "off"], "help": "launch a job's step before the job "
+                                                                      "before it ends, its host work overlapping "
+                                                                      "the device's (default auto: on CUDA)"}),
     "--max-streams": ("max_streams", {"type": int, "help": "concurrent streams, the hard ceiling (default 512)"}),
     "--delay-budget-ms": ("delay_budget_ms", {"type": float, "help": "admission by headroom keeps the p99 added "
                                                                      "delay of every word within this (default "

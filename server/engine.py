@@ -15,6 +15,12 @@ over too (`detach`), and work such as warm-up and cache shrinking runs on the th
 `call`. Model compute never runs on the event loop, and the loop's websocket work never sits
 between two steps: a sentence's tail (its last subwords, after the source has ended) is written
 one piece per step at the step rate, not at the rate of event-loop round trips.
+
+Overlap (the default on a CUDA device): a job's step is launched (`StreamingDecoder.launch`: planned, uploaded,
+queued on the device) before the job before it ends (`collect`: its decisions read back, its words, metrics and
+hand-over), so that the host's per-stream work runs while the device computes instead of after it. The two jobs'
+streams are apart: a stream in flight cannot be selected until its job has ended. On the CPU the step computes
+while it is launched and nothing would overlap, so there each job ends before the next begins.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from typing import Callable
 from models.cpu_info import cpu_summary
 from models.metrics.latency import sentence_scores
 from models.policies import Policy, make_policy, policy_class
-from models.step import StreamingDecoder
+from models.step import PendingStep, StreamingDecoder
 from models.stream import StreamError, StreamState, TargetWord
 from server.admission import Admission, Headroom
 from server.metrics import observe_many
@@ -66,6 +72,20 @@ class EndStream:
 Command = PushWords | EndSentence | EndStream
 
 
+@dataclasses.dataclass
+class Job:
+    """One job from its start (`_begin`: input applied, the step launched) to its end (`_end`: the step's results,
+    metrics, words handed to the event loop). With overlap the next job begins before this one ends."""
+    ready: list[StreamHandle]
+    events: dict[int, list[dict]]
+    started: float                        # monotonic, once its batching wait was over
+    idle: bool                            # it began after an idle spell
+    stepping: list[StreamHandle] = dataclasses.field(default_factory=list)
+    pending: PendingStep | None = None    # the launched step (None: nothing to step, or the launch failed)
+    seconds: float = 0.0                  # the step's time on this thread: its launch, then its collection
+    failed: bool = False                  # the step failed: its streams are closed
+
+
 class StreamHandle:
     """The engine's view of one websocket stream (sentences are translated one after another)."""
 
@@ -77,6 +97,7 @@ class StreamHandle:
         self.received = 0                # loop: source words accepted
         self.read = 0                    # worker: source words the policy has read (all sentences)
         self.last_step = 0.0
+        self.in_flight = False           # worker: in a job whose step was launched and not yet collected
         self.ready_since: float | None = None   # loop: since when it has had something to do
         # worker-only: the sentence in progress
         self.state: StreamState | None = None
@@ -105,7 +126,8 @@ class StreamHandle:
 class ModelEngine:
     def __init__(self, name: str, decoder: StreamingDecoder, *, metrics, max_batch: int = 256,
                  batch_window_ms: float = 2.0, max_k: int = 32, max_delta: float = 16.0,
-                 max_output_messages: int = 20000, admission: Admission | None = None, capacity: int = 512):
+                 max_output_messages: int = 20000, admission: Admission | None = None, capacity: int = 512,
+                 overlap: bool | None = None):
         self.name, self.dec, self.cfg, self.tok = name, decoder, decoder.cfg, decoder.tok
         self.capacity = capacity        # streams the `graphs` form's fixed cache pool holds (max_streams)
         self.capture: dict | None = None   # what capturing the `graphs` form took
@@ -130,6 +152,10 @@ class ModelEngine:
         # (recipes/engine_flat_out.py --no-yield)
         self.yield_after_job = True
         self.typical_batch = 1.0   # moving average of streams per job: what a batching window waits for
+        # overlap (default: on a CUDA device): launch a job's step, then end the job before it (its results, words,
+        # metrics) while the device runs the new one; the two jobs' streams are apart (`in_flight`)
+        self.overlap = decoder.device.type == "cuda" if overlap is None else overlap
+        self.overlapped = 0   # jobs whose step was launched while the job before it still had its step in flight
 
     # ---- description -----------------------------------------------------------
     def info(self) -> dict:
@@ -142,7 +168,8 @@ class ModelEngine:
                 **({"graphs": self.capture} if self.capture else {}),
                 "cpu": cpu_summary()["line"],
                 "decoding": dataclasses.asdict(self.dec.options),
-                "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000},
+                "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000,
+                             "overlap": self.overlap, "overlapped_jobs": self.overlapped},
                 "active_streams": len(self.handles)}
 
     # ---- handler API (event loop) ------------------------------------------------
@@ -289,23 +316,47 @@ class ModelEngine:
             self.metrics.cache_slots.labels(self.name).set(self.dec.streams_in_cache)
 
     def _core(self) -> None:
-        idle = True
+        idle, job = True, None   # job: launched and not yet ended (overlap only)
         while not self._stopping:
             try:
-                self._housekeeping()
+                if job is not None and (self._calls or self._detached):
+                    self._end(job)         # (calls and closing states run with no step in flight)
+                    job = None
+                if job is None:
+                    self._housekeeping()
                 ready = self._ready() if self._loop is not None else []
                 if not ready:
+                    if job is not None:    # nothing new to launch: end the job in flight
+                        self._end(job)
+                        job = None
+                        continue
                     self._wake.wait()
                     self._wake.clear()
                     idle = True
                     continue
-                idle = self._job(ready, idle)
+                new = self._begin(ready, idle and job is None)
+                if job is not None:        # its host work while the device runs the new job's step
+                    self.overlapped += new.pending is not None and job.pending is not None
+                    self._end(job)
+                if self.overlap:
+                    job = new
+                else:
+                    self._end(new)
+                idle = False
             except Exception:  # noqa: BLE001 - the loop must outlive any one job's fault
                 log.exception("model %s: engine loop error", self.name)
+                job = None
+                for h in list(self.handles.values()):   # (a job dropped halfway: its streams may move again)
+                    h.in_flight = False
+                    if h.state is not None:
+                        h.state.in_flight = False
                 time.sleep(0.01)
+        if job is not None:
+            self._end(job)
         self._housekeeping()
 
-    def _job(self, ready: list[StreamHandle], idle: bool) -> bool:
+    def _begin(self, ready: list[StreamHandle], idle: bool) -> Job:
+        """A job's first half: its batch gathered, its input applied, its step launched."""
         # buffered re-batching, after an idle spell: wait a little for as many streams as jobs
         # have had lately (none with one speaker; up to the window under load)
         want = min(self.max_batch, len(self.handles), round(self.typical_batch))
@@ -323,16 +374,36 @@ class ModelEngine:
                 waits.append(now - h.ready_since)
             h.ready_since = None
         observe_many(self.metrics.queue_seconds.labels(self.name), waits)
-        events, step = self._execute(ready)
-        self._account(ready, step)
-        self._measure_load(step, events, now if idle else self._job_end)
+        job = Job(ready, {h.id: [] for h in ready}, now, idle)
+        for h in ready:
+            try:
+                self._apply(h, job.events[h.id])
+            except StreamError as e:
+                job.events[h.id].append(_error("sentence_too_long", str(e)))
+            except Exception as e:  # noqa: BLE001 - one stream's fault must not stop the engine
+                log.exception("stream %s: applying input failed", h.id)
+                self._fail(h, job.events[h.id], e)
+        # One step per job, the tails of ended sentences included (one piece each). Two ways to step
+        # some streams again within a job measured worse and were removed (CHANGELOG, Unreleased).
+        job.stepping = [h for h in ready if h.state is not None and not h.state.blocked and not h.state.done]
+        if job.stepping:
+            self._launch(job)
+        return job
+
+    def _end(self, job: Job) -> None:
+        """A job's second half: its step's results, its metrics, its words handed to the event loop."""
+        step = self._collect(job) if job.pending is not None else None
+        if not job.failed:
+            for h in job.ready:
+                h.read = h.read_before + (_consumed(h) if h.state is not None else 0)
+        self._account(job.ready, step)
+        self._measure_load(step, job.events, job.started if job.idle else self._job_end)
         if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._deliver, ready, events)
+            self._loop.call_soon_threadsafe(self._deliver, job.ready, job.events)
         # give the interpreter to the event loop if it waits for it (it reads the websockets that feed
         # the next job): without this, under overload the loop got the GIL only at the 5 ms switch interval
         if self.yield_after_job:
             time.sleep(0)
-        return False
 
     def _account(self, batch: list[StreamHandle], step: tuple[int, float] | None) -> None:
         """The job's metrics, and which of its streams can move on at once (engine thread)."""
@@ -407,51 +478,52 @@ class ModelEngine:
             m.sentences.labels(name).inc(sentences)
 
     # ---- one job (engine thread) ---------------------------------------------------------
-    def _execute(self, batch: list[StreamHandle]):
-        events: dict[int, list[dict]] = {h.id: [] for h in batch}
-        for h in batch:
-            try:
-                self._apply(h, events[h.id])
-            except StreamError as e:
-                events[h.id].append(_error("sentence_too_long", str(e)))
-            except Exception as e:  # noqa: BLE001 - one stream's fault must not stop the engine
-                log.exception("stream %s: applying input failed", h.id)
-                self._fail(h, events[h.id], e)
-        stepping = [h for h in batch if h.state is not None and not h.state.blocked and not h.state.done]
-        step = None   # (batch size, seconds) of the job's one step
-        # One step per job, the tails of ended sentences included (one piece each). Two ways to step
-        # some streams again within a job measured worse and were removed (CHANGELOG, Unreleased).
-        if stepping:
-            step = self._step(stepping, events)
-            if step is None:          # the step failed: those streams are closed
-                return events, None
-        for h in batch:
-            h.read = h.read_before + (_consumed(h) if h.state is not None else 0)
-        return events, step
-
-    def _step(self, stepping: list[StreamHandle], events: dict) -> tuple[int, float] | None:
-        """One batched step of `stepping`; their words become events. Its (batch size, seconds), or
-        None if it failed (those streams are closed)."""
+    def _launch(self, job: Job) -> None:
+        """Launch the job's one batched step (models/step.py `launch`); its streams are in flight until `_collect`.
+        If it fails, those streams are closed."""
         t0 = time.perf_counter()
         try:
-            outs = self.dec.step([h.state for h in stepping])
+            job.pending = self.dec.launch([h.state for h in job.stepping], defer=self.overlap)
+        except Exception as e:  # noqa: BLE001
+            log.exception("model %s: batched step failed", self.name)
+            for h in job.stepping:
+                self._fail(h, job.events[h.id], e)
+            job.failed = True
+            return
+        finally:
+            job.seconds = time.perf_counter() - t0
+        for h in job.stepping:
+            h.in_flight = True
+
+    def _collect(self, job: Job) -> tuple[int, float] | None:
+        """The launched step's results; its streams' words become events. Its (batch size, seconds), or None if
+        it failed (those streams are closed)."""
+        stepping = job.stepping
+        t0 = time.perf_counter()
+        try:
+            outs = self.dec.collect(job.pending)
         except Exception as e:  # noqa: BLE001
             log.exception("model %s: batched step failed", self.name)
             for h in stepping:
-                self._fail(h, events[h.id], e)
+                self._fail(h, job.events[h.id], e)
+            job.failed = True
             return None
-        seconds = time.perf_counter() - t0
+        finally:
+            for h in stepping:
+                h.in_flight = False
+        seconds = job.seconds + time.perf_counter() - t0
         now, share = time.monotonic(), seconds / len(stepping)
         for h, o in zip(stepping, outs):
             h.compute += share
             s = h.state
             first = len(s.words) - len(o.words)
+            events = job.events[h.id]
             for j, w in enumerate(o.words):
-                events[h.id].append(self._word(h, s, w, first + j, now))
+                events.append(self._word(h, s, w, first + j, now))
             if s.done:
                 self.dec.close(s)     # free the slot now; the results stay on the state
                 if s.end_received:
-                    self._finish(h, events[h.id], now)
+                    self._finish(h, events, now)
         return len(stepping), seconds
 
     def _finish(self, h: StreamHandle, events: list[dict], now: float) -> None:
@@ -525,6 +597,8 @@ class ModelEngine:
 
 def _can_move(h: StreamHandle) -> bool:
     """Whether a job can make progress on the stream (reads flags only: a handler may queue meanwhile)."""
+    if h.in_flight:            # in a job not yet ended (overlap): that job's end puts it back if it can move
+        return False
     s = h.state
     if s is None or s.done:    # (done early: the model wrote EOS before the source ended)
         return bool(h.commands)

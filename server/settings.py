@@ -52,6 +52,7 @@ class BatchingSettings:
     batch_window_ms: float
     max_batch: int
     no_batching: list[str]
+    overlap: str
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,9 @@ class ServerSettings(BaseSettings):
     max_batch: int = Field(256, ge=1, description="most streams in one batched step")
     no_batching: Annotated[list[str], NoDecode] = Field(default_factory=list,
                                                         description="models stepped one stream at a time")
+    overlap: Literal["auto", "on", "off"] = Field("auto", description="launch a job's step before the job before "
+                                                  "it ends, so that its host work runs while the device computes "
+                                                  "(auto: on a CUDA device)")
     warmup: bool = Field(True, description="run one tiny sentence through each model before serving")
     memory_trim_s: float = Field(60.0, ge=0, description="return freed heap memory to the OS this often "
                                                          "(glibc malloc_trim; 0 = never)")

@@ -79,19 +79,19 @@ def test_rows_changed_by_the_host_are_written_inside_the_graph(piece_tok, policy
     rows = g.pool.rows
     scratch_row = {name: t[g.scratch].clone() for name, t in rows.tensors().items()}
     launched = []
-    decode = g._decode
+    decode = g._launch_decode
 
     def counted(*a, **k):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = decode(*a, **k)
         launched.append(operators_outside(prof.profiler.kineto_results.events(), REPLAYED))
         return out
-    g._decode = counted
+    g._launch_decode = counted
     lines = SENTENCES * 2
     got = [(r.prediction, r.token_delays) for r in staggered(g, lines, streams=5, gap=3)]
     assert got == outputs(simulate(dec, lines, batch_size=1))
     assert g.graphs.replays == len(launched) > 0 and g.streams_in_cache == 0
-    # slots, changed rows and new streams' rows copied in; the decisions sliced and read back (before: every
+    # slots, changed rows and new streams' rows copied in (the decisions are read back later: collect) (before: every
     # field of a new stream's row reset and each changed row written, one operator each, up to 17 a step)
     assert max(launched) <= 6, launched
     # every decoder graph holds the padding it puts its inputs back to (a CUDA graph reads it at its address on

@@ -17,7 +17,7 @@ def spy_on_the_decoder(engine) -> list[str]:
     """Record the thread of every call that reads or changes the decoder's state."""
     names: list[str] = []
     dec = engine.dec
-    for attr in ("step", "new_stream", "close", "push", "finish"):
+    for attr in ("step", "launch", "collect", "new_stream", "close", "push", "finish"):
         real = getattr(dec, attr)
 
         def spy(*a, _real=real, **k):
