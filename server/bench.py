@@ -83,6 +83,8 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--step", help="the started server's step form (default: the server's default; int8, "
                                   "compiled, ...: models/step_form.py)")
     p.add_argument("--batch-window-ms", type=float, help="batching window of the started server")
+    p.add_argument("--overlap", choices=("auto", "on", "off"), help="the started server's --overlap (default: its "
+                                                                   "default, auto: on a CUDA device)")
     p.add_argument("--input", help=f"source sentences, one per line (default {DEFAULT_TEXT})")
     p.add_argument("--max-words", type=int, default=30, help="skip longer source sentences")
     p.add_argument("--wpm", type=float, default=150.0, help="speaking rate of each simulated speaker")
@@ -152,6 +154,8 @@ def server_command(args, port: int) -> list[str]:
         cmd += ["--step", args.step]
     if args.batch_window_ms is not None:
         cmd += ["--batch-window-ms", str(args.batch_window_ms)]
+    if args.overlap:
+        cmd += ["--overlap", args.overlap]
     return cmd
 
 
@@ -679,7 +683,7 @@ def run_server_bench(args) -> int:
     from models.errors import UserError
     proc = None
     given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype), ("--step", args.step),
-                            ("--workers", args.workers)) if v]
+                            ("--workers", args.workers), ("--overlap", args.overlap)) if v]
     if args.baseline_url and not args.url:
         raise UserError("--baseline-url compares with --url: give both")
     if args.url and given:   # they set up the server this command starts; a running one has its own

@@ -205,13 +205,15 @@ def test_bench_server_passes_device_and_dtype_to_the_server_it_starts():
     from server.bench import run_server_bench, server_command, start_server
     parse = build_parser(["bench"]).parse_args
     args = parse(["bench", "server", "--checkpoint", "gma_delta1", "--device", "cpu", "--dtype", "bfloat16",
-                  "--step", "compiled"])
+                  "--step", "compiled", "--overlap", "off"])
     cmd = server_command(args, 8123)
     assert cmd[cmd.index("--device") + 1] == "cpu" and cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[cmd.index("--port") + 1] == "8123"
     served = build_parser(cmd[3:]).parse_args(cmd[3:])   # the real `simulserve serve` parser takes it
-    assert (served.command, served.device, served.dtype, served.step) == ("serve", "cpu", "bfloat16", "compiled")
+    assert (served.command, served.device, served.dtype, served.step, served.overlap) == (
+        "serve", "cpu", "bfloat16", "compiled", "off")
     assert "--device" not in server_command(parse(["bench", "server"]), 8123)   # the server's own default
+    assert "--overlap" not in server_command(parse(["bench", "server"]), 8123)
     with pytest.raises(UserError, match="--device applies to the server this command starts"):
         run_server_bench(parse(["bench", "server", "--url", "ws://127.0.0.1:9/v1/stream", "--device", "cpu"]))
     if not torch.cuda.is_available():   # refused here, before any server process starts

@@ -12,16 +12,18 @@
 # bench step (wall against kernel per batch size, eager sync-free against graphs and graphs-encoder), bench
 # server with the server's defaults (graphs-encoder, front ends in processes of their own) without admission
 # from 1,000 to 4,000 speakers and flat out at 1,024 streams, the engine alone flat out at 1,024 streams (no
-# websockets: which side loses the words), and a py-spy profile of the engine process flat
+# websockets: which side loses the words), the same with --overlap off, and a py-spy profile of the engine process flat
 # out (PROFILE_SPEAKERS=1000: at 1,000 speakers instead); SM utilisation sampled through each server run. Off
 # unless given a budget: parts measured already (the server with --step graphs, the decoder alone captured,
 # BUDGET_SERVER_DECODER=110; the same server in one process, BUDGET_SERVER_ONE=100; admission past capacity,
 # BUDGET_ADMISSION=120; two servers sharing the GPU, BUDGET_TWO=90) and the older ones (bfloat16, bench
 # engine, graph breaks of the compiled form, evaluate: BUDGET_STEP_BF16=50 and so on).
 #
-# QUICK=1: the parts the issue's targets need, within 5 minutes of device time with the machine's start: the
+# QUICK=1: the parts the issue's targets need, within 8 minutes of device time with the machine's start (6 of budgets): the
 # graph-replay tests against eager and the CPU, bench step with the default form (small and large batches), the
-# server's defaults at 1,000 and 2,000 speakers and flat out; no engine-alone run, no profile. Its budgets come
+# server's defaults at 1,000 and 2,000 speakers and flat out, the engine alone flat out, and both again with
+# --overlap off (the A/B of overlapping jobs, in one run: 130 s of the budgets; BUDGET_SERVER_NO_OVERLAP=60 adds
+# the server's to the full set); no profile. Its budgets come
 # from the H200 at d0771c7, where QUICK's earlier budgets cut three parts: the 20 graph tests took about 110 s,
 # bench step with three forms over 35 s a size (graphs-encoder alone 20 and 31 s), three ramp levels and the
 # flat-out rows over 110 s. PLAN=1: print each part and its budget, and their sum, and run nothing.
@@ -29,7 +31,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${QUICK:-0}" = 1 ]; then   # (a value given explicitly still wins)
   : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
-  : "${SERVER_LEVELS:=1000,2000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
+  : "${SERVER_LEVELS:=1000,2000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=35}" "${BUDGET_PROFILE:=0}"
+  : "${BUDGET_ENGINE_NO_OVERLAP:=35}" "${BUDGET_SERVER_NO_OVERLAP:=60}"
 fi
 PLAN="${PLAN:-0}"
 DIR="${OUT:-.}"
@@ -66,10 +69,13 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # sentences did not finish in 40 s on the H200), 64 and 256 over enough sentences to fill them (37 s there)
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-8}"
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
-BUDGET_ENGINE_FLAT="${BUDGET_ENGINE_FLAT:-50}"   # recipes/engine_flat_out.py: load, capture, 3 s warm, 15 s timed
+BUDGET_ENGINE_FLAT="${BUDGET_ENGINE_FLAT:-35}"   # recipes/engine_flat_out.py: load, capture, 3 s warm, 15 s timed (28 s on the H200)
 BUDGET_ENGINE_SWITCH="${BUDGET_ENGINE_SWITCH:-0}"   # the same at a 0.5 ms switch interval; 35 runs it (28 s on the H200)
 BUDGET_ENGINE_NO_YIELD="${BUDGET_ENGINE_NO_YIELD:-0}"   # the same without the hand-over after each job; 35 runs it
 BUDGET_ENGINE_BATCH512="${BUDGET_ENGINE_BATCH512:-0}"   # the same with jobs of up to 512 rows; 40 runs it
+BUDGET_ENGINE_NO_OVERLAP="${BUDGET_ENGINE_NO_OVERLAP:-35}"   # the same with --overlap off: what overlapping jobs gives
+BUDGET_SERVER_NO_OVERLAP="${BUDGET_SERVER_NO_OVERLAP:-0}"   # the server's defaults with --overlap off, at NO_OVERLAP_LEVELS
+NO_OVERLAP_LEVELS="${NO_OVERLAP_LEVELS:-2000}"                #   and flat out
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
 DECODER_LEVELS="${DECODER_LEVELS:-1000,1500}"
@@ -164,6 +170,17 @@ dmon_off defaults
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder (recipes/engine_flat_out.py)" "$BUDGET_ENGINE_FLAT" \
   "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
   --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --chunk-stats --json "$DIR/engine_flat_out.json"
+# the same with each job ending before the next is launched (--overlap off; the server's default before 95209bc):
+# what launching a job's step before the job before it ends gives (server/engine.py)
+step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, --overlap off" "$BUDGET_ENGINE_NO_OVERLAP" \
+  "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
+  --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --overlap off --json "$DIR/engine_flat_out_no_overlap.json"
+dmon_on no_overlap
+step "bench server, the server's defaults but --overlap off, no admission" "$BUDGET_SERVER_NO_OVERLAP" \
+  simulserve bench server --device $DEVICE --overlap off --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$NO_OVERLAP_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
+  --skip soak --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_no_overlap.json"
+dmon_off no_overlap
 # the same with a 0.5 ms switch interval (Python's is 5 ms): whether the engine thread's waits for the interpreter
 # after each CUDA synchronisation (--parts: "not running") are what stretches the flat-out step
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, switch interval 0.5 ms" "$BUDGET_ENGINE_SWITCH" \
