@@ -19,20 +19,23 @@
 # BUDGET_ADMISSION=120; two servers sharing the GPU, BUDGET_TWO=90) and the older ones (bfloat16, bench
 # engine, graph breaks of the compiled form, evaluate: BUDGET_STEP_BF16=50 and so on).
 #
-# QUICK=1: the parts the issue's targets need, within 8 minutes of device time with the machine's start (6 of budgets): the
+# QUICK=1: the parts the issue's targets need, within 5 minutes of device time with the machine's start: the
 # graph-replay tests against eager and the CPU, bench step with the default form (small and large batches), the
-# server's defaults at 1,000 and 2,000 speakers and flat out, the engine alone flat out, and both again with
-# --overlap off (the A/B of overlapping jobs, in one run: 130 s of the budgets; BUDGET_SERVER_NO_OVERLAP=60 adds
-# the server's to the full set); no profile. Its budgets come
+# server's defaults at 1,000 and 2,000 speakers and flat out; no engine-alone run, no profile. OVERLAP_AB=1 (with
+# QUICK or without) adds the A/B of overlapped jobs: the engine alone flat out with the default and with
+# --overlap off, and the server with --overlap off at NO_OVERLAP_LEVELS and flat out (130 s). Its budgets come
 # from the H200 at d0771c7, where QUICK's earlier budgets cut three parts: the 20 graph tests took about 110 s,
 # bench step with three forms over 35 s a size (graphs-encoder alone 20 and 31 s), three ramp levels and the
 # flat-out rows over 110 s. PLAN=1: print each part and its budget, and their sum, and run nothing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ "${QUICK:-0}" = 1 ]; then   # (a value given explicitly still wins)
+if [ "${OVERLAP_AB:-0}" = 1 ]; then   # the A/B of overlapped jobs, QUICK or not (a value given explicitly still wins)
+  : "${BUDGET_ENGINE_FLAT:=35}" "${BUDGET_ENGINE_NO_OVERLAP:=35}" "${BUDGET_SERVER_NO_OVERLAP:=60}"
+fi
+if [ "${QUICK:-0}" = 1 ]; then
   : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
-  : "${SERVER_LEVELS:=1000,2000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=35}" "${BUDGET_PROFILE:=0}"
-  : "${BUDGET_ENGINE_NO_OVERLAP:=35}" "${BUDGET_SERVER_NO_OVERLAP:=60}"
+  : "${SERVER_LEVELS:=1000,2000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
+  : "${BUDGET_ENGINE_NO_OVERLAP:=0}"
 fi
 PLAN="${PLAN:-0}"
 DIR="${OUT:-.}"
