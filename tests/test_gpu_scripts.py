@@ -2,6 +2,7 @@
 command check.sh runs is checked against the CLI's own options."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -77,7 +78,7 @@ def test_every_command_of_the_gpu_check_takes_its_options():
 
 def test_every_recipe_the_gpu_check_runs_takes_its_options():
     """The `"$PY" recipes/NAME.py ...` commands of check.sh: each flag is one the recipe's -h lists."""
-    joined = re.sub(r"\\\n\s*", " ", (GPU / "check.sh").read_text())
+    joined = re.sub(r"\\\n\s*", " ", "".join((GPU / name).read_text() for name in ("check.sh", "two_engines.sh")))
     cmds = [(m.group(1), shlex.split(m.group(2).replace("\\\"", "").replace("$", "")))
             for line in joined.splitlines() if not line.lstrip().startswith("#")
             for m in [re.search(r'"\$PY" (recipes/[\w/]+\.py)\b(.*?)(?:\|\||$)', line)] if m]
@@ -88,6 +89,25 @@ def test_every_recipe_the_gpu_check_runs_takes_its_options():
                                   timeout=120).stdout
         for flag in (a for a in args if a.startswith("--")):
             assert re.search(rf"{re.escape(flag)}\b", helptext), (recipe, flag)
+
+
+def test_two_engines_run_at_once_and_their_words_are_added(tmp_path):
+    """two_engines.sh's CPU dry run with the tiny model: both engines report, and the sum is theirs."""
+    tiny = tmp_path / "tiny"
+    made = subprocess.run([sys.executable, "recipes/engine_flat_out.py", "--tiny", "--save-tiny", str(tiny)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test.de").write_text("das ist ein haus\nwir gehen nach hause heute\nja\n")
+    env = {**os.environ, "DEVICE": "cpu", "STEP": "default", "CKPT": str(tiny), "DATA": str(tmp_path / "data"),
+           "PY": sys.executable, "STREAMS": "8", "SECONDS_TIMED": "1", "WARM": "0.5", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["bash", str(GPU / "two_engines.sh"), str(tmp_path / "out")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    each = [json.loads((tmp_path / "out" / f"two_engines_{i}.json").read_text())["words_per_s"] for i in (1, 2)]
+    assert all(w > 0 for w in each) and "4 streams flat out" in r.stdout
+    total = float(re.search(r"together: (\d+) target words/s", r.stdout).group(1))
+    assert abs(total - sum(each)) <= 1
 
 
 def pack_wheels() -> list[str]:
@@ -222,8 +242,9 @@ def test_profile_summary_counts_each_thread_inclusive_and_self(tmp_path):
 def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):
     """PLAN=1 lists every part with its budget and runs nothing; QUICK=1 keeps what the targets need (the replay
     tests, bench step of the default form, the server's defaults) within 240 s of budgets, a minute of the five
-    left for the machine's start; OVERLAP_AB=1 adds the engine alone and the server with --overlap off beside the
-    defaults (the A/B of overlapped jobs) within 360 s; a budget given explicitly still wins."""
+    left for the machine's start; FLAT_OUT=1 adds the engine alone and the server with --overlap off beside the
+    defaults (the A/B of overlapped jobs) and two engines at once, within 420 s; a budget given explicitly still
+    wins."""
     def plan(**env):
         r = subprocess.run(["bash", str(GPU / "check.sh")], cwd=ROOT, capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PLAN": "1", "OUT": str(tmp_path / "out"), **env})
@@ -241,10 +262,11 @@ def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):
     assert any("forms sync-free,graphs,graphs-encoder" in name for name in full)
     for left_out in ("profile", "the engine alone flat out", "--overlap off"):
         assert not any(left_out in name for name in quick) and any(left_out in name for name in full)
-    ab, ab_total = plan(QUICK="1", OVERLAP_AB="1")
-    assert quick_total < ab_total <= 360
+    ab, ab_total = plan(QUICK="1", FLAT_OUT="1")
+    assert quick_total < ab_total <= 420
     for needed in ("the engine alone flat out at 1024 streams, graphs-encoder (", "engine alone flat out at 1024 "
-                   "streams, graphs-encoder, --overlap off", "bench server, the server's defaults but --overlap off"):
+                   "streams, graphs-encoder, --overlap off", "bench server, the server's defaults but --overlap off",
+                   "two engines alone flat out at once"):
         assert any(name.startswith(needed) or needed in name for name in ab), (needed, ab)
     mine, _ = plan(QUICK="1", BUDGET_PROFILE="70")
     assert any("profile" in name and budget == 70 for name, budget in mine.items())

@@ -21,16 +21,18 @@
 #
 # QUICK=1: the parts the issue's targets need, within 5 minutes of device time with the machine's start: the
 # graph-replay tests against eager and the CPU, bench step with the default form (small and large batches), the
-# server's defaults at 1,000 and 2,000 speakers and flat out; no engine-alone run, no profile. OVERLAP_AB=1 (with
-# QUICK or without) adds the A/B of overlapped jobs: the engine alone flat out with the default and with
-# --overlap off, and the server with --overlap off at NO_OVERLAP_LEVELS and flat out (130 s). Its budgets come
+# server's defaults at 1,000 and 2,000 speakers and flat out; no engine-alone run, no profile. FLAT_OUT=1 (with
+# QUICK or without) adds what the flat-out target needs to know: the engine alone flat out with the default and
+# with --overlap off, the server with --overlap off at NO_OVERLAP_LEVELS and flat out, and two engines alone at
+# once with half the streams each (175 s). Its budgets come
 # from the H200 at d0771c7, where QUICK's earlier budgets cut three parts: the 20 graph tests took about 110 s,
 # bench step with three forms over 35 s a size (graphs-encoder alone 20 and 31 s), three ramp levels and the
 # flat-out rows over 110 s. PLAN=1: print each part and its budget, and their sum, and run nothing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ "${OVERLAP_AB:-0}" = 1 ]; then   # the A/B of overlapped jobs, QUICK or not (a value given explicitly still wins)
+if [ "${FLAT_OUT:-0}" = 1 ]; then   # the flat-out experiments, QUICK or not (a value given explicitly still wins)
   : "${BUDGET_ENGINE_FLAT:=35}" "${BUDGET_ENGINE_NO_OVERLAP:=35}" "${BUDGET_SERVER_NO_OVERLAP:=60}"
+  : "${BUDGET_TWO_ENGINES:=45}"
 fi
 if [ "${QUICK:-0}" = 1 ]; then
   : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
@@ -79,6 +81,7 @@ BUDGET_ENGINE_BATCH512="${BUDGET_ENGINE_BATCH512:-0}"   # the same with jobs of 
 BUDGET_ENGINE_NO_OVERLAP="${BUDGET_ENGINE_NO_OVERLAP:-35}"   # the same with --overlap off: what overlapping jobs gives
 BUDGET_SERVER_NO_OVERLAP="${BUDGET_SERVER_NO_OVERLAP:-0}"   # the server's defaults with --overlap off, at NO_OVERLAP_LEVELS
 NO_OVERLAP_LEVELS="${NO_OVERLAP_LEVELS:-2000}"                #   and flat out
+BUDGET_TWO_ENGINES="${BUDGET_TWO_ENGINES:-0}"   # two_engines.sh: two engines alone at once, half the streams each; 45 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
 DECODER_LEVELS="${DECODER_LEVELS:-1000,1500}"
@@ -184,6 +187,10 @@ step "bench server, the server's defaults but --overlap off, no admission" "$BUD
   --levels "$NO_OVERLAP_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
   --skip soak --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_no_overlap.json"
 dmon_off no_overlap
+# two engine processes on the one GPU, flat out at once with half the streams each: whether the words one engine's
+# interpreter bounds add up (recipes/gpu/two_engines.sh)
+step "two engines alone flat out at once on the one GPU, $((THROUGHPUT_STREAMS / 2)) streams each (recipes/gpu/two_engines.sh)" "$BUDGET_TWO_ENGINES" \
+  env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" STREAMS="$THROUGHPUT_STREAMS" bash recipes/gpu/two_engines.sh "$DIR"
 # the same with a 0.5 ms switch interval (Python's is 5 ms): whether the engine thread's waits for the interpreter
 # after each CUDA synchronisation (--parts: "not running") are what stretches the flat-out step
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, switch interval 0.5 ms" "$BUDGET_ENGINE_SWITCH" \
