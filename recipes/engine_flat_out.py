@@ -110,6 +110,7 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
                cycle_ms=1000 * wall / max(steps, 1), stepping=stepped / wall, cpu=cpu / wall, overlap=eng.overlap,
                gc=pauses.summary(wall),
                **(dict(zip(("parts", "parts_waiting", "step_parts", "step_parts_waiting"), split)) if parts else {}),
+               **({"result_row_us": parts.result_row_us()} if parts else {}),
                **({"chunks": chunks.summary()} if chunks else {}))
     stop = True
     for t in tasks:
@@ -133,13 +134,15 @@ class JobParts:
              # results (a token written, words read)
              "plan": ("dec._plan_encode", "dec._plan_decode"), "upload": ("upload.send",), "encode": ("dec._encode",),
              "decode": ("dec._launch_decode",), "read back": ("dec._read_back",),
-             "results": ("dec._write", "dec._read")}
+             "results": ("dec._write", "dec._read"),
+             # (not a part of the sums: the decoder trial's results, timed once a call, per row in the report)
+             "decoder results": ("dec._results",)}
 
     def __init__(self, eng: ModelEngine):
         from models.upload import Upload
         parts = list(self.TIMED)
         self.eng, self.seconds, self.cpu = eng, dict.fromkeys(parts, 0.0), dict.fromkeys(parts, 0.0)
-        self.cpu0 = 0.0
+        self.cpu0, self.result_rows = 0.0, 0
         for part, methods in self.TIMED.items():
             for spec in methods:
                 where, _, name = spec.rpartition(".")
@@ -149,8 +152,11 @@ class JobParts:
 
     def _timed(self, part: str, fn):
         seconds, cpu = self.seconds, self.cpu
+        rows = part == "decoder results"
 
         def call(*a, **k):
+            if rows:
+                self.result_rows += len(a[0])
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
@@ -166,7 +172,11 @@ class JobParts:
     def reset(self) -> None:
         self.seconds.update({k: 0.0 for k in self.seconds})
         self.cpu.update({k: 0.0 for k in self.cpu})
-        self.jobs0, self.cpu0 = self.eng.steps, self._thread_cpu()
+        self.jobs0, self.cpu0, self.result_rows = self.eng.steps, self._thread_cpu(), 0
+
+    def result_row_us(self) -> float:
+        """µs a row of the decoder trial's results (StreamingDecoder._results), timed once a call."""
+        return 1e6 * self.seconds["decoder results"] / max(self.result_rows, 1)
 
     def per_job(self, wall: float) -> tuple[dict, dict]:
         """ms per job of each part, and of each the ms in which the engine thread did not run (wall less its CPU
@@ -370,6 +380,9 @@ def main() -> None:
             if k == "step":
                 for sk, sv in r["step_parts"].items():
                     print(f"| · {sk} | {sv:.3f} | {r['step_parts_waiting'][sk]:.3f} |")
+        print(f"the decoder trial's results (StreamingDecoder._results, timed once a call): {r['result_row_us']:.2f} µs a "
+              "row, about 1.3 of it --parts' own timing of each _write and _read (recipes/row_cost.py: the same alone, "
+              "warm and after a memory sweep)")
     if "chunks" in r:
         c = r["chunks"]
         print(f"\nencoder chunks (--chunk-stats), per step that encodes ({c['encoding_steps']} steps): "

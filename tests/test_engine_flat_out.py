@@ -67,6 +67,7 @@ def test_parts_account_for_the_job_cycle(tmp_path):
     assert steps["decoder half, queued"] > 0 and steps["read back (a GPU: waiting for the kernels)"] > 0
     assert steps["each stream's results (token written, words read)"] > 0
     assert set(f["step_parts_waiting"]) == set(steps)
+    assert f["result_row_us"] > 0 and "the decoder trial's results" in r.stdout
     waiting = f["parts_waiting"]
     assert set(waiting) == set(parts) and "of which not running" in r.stdout
     assert all(-0.05 <= waiting[k] <= parts[k] + 0.05 for k in parts), (waiting, parts)
@@ -121,3 +122,22 @@ def test_engine_flat_out_refuses_a_missing_source(tmp_path):
                         str(tmp_path / "none.de"), "--seconds", "1"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "no sentences" in r.stderr
+
+
+def test_row_cost_times_the_results_of_a_job_per_row(tmp_path):
+    """recipes/row_cost.py: one table row per sweep size, each a positive cost a row, READs among the decisions;
+    the parts test above reports the same method's cost inside the engine."""
+    src, tgt = tmp_path / "source.de", tmp_path / "target.en"
+    src.write_text("\n".join(SENTENCES) + "\n")
+    tgt.write_text("I have no time today .\nWhere is the station ?\nThe weather is nice and warm .\n"
+                   "Can you help me please ?\nWe go to the cinema tomorrow .\n")
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/row_cost.py"), "--source", str(src), "--target", str(tgt),
+                        "--streams", "12", "--batch", "4", "--rounds", "5", "--sweeps", "0,1"], cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| ") and " MB |" in line]
+    assert [row[0].strip() for row in rows] == ["0 MB", "1 MB"]
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 and 0 < float(row[3].rstrip("% ")) < 100 for row in rows)
+    missing = subprocess.run([sys.executable, str(ROOT / "recipes/row_cost.py"), "--source", str(tmp_path / "no")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no sentence pairs" in missing.stderr
