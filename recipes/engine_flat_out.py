@@ -380,9 +380,9 @@ def main() -> None:
             if k == "step":
                 for sk, sv in r["step_parts"].items():
                     print(f"| · {sk} | {sv:.3f} | {r['step_parts_waiting'][sk]:.3f} |")
-        print(f"the decoder trial's results (StreamingDecoder._results, timed once a call): {r['result_row_us']:.2f} µs a "
-              "row, about 1.3 of it --parts' own timing of each _write and _read (recipes/row_cost.py: the same alone, "
-              "warm and after a memory sweep)")
+        print(f"the decoder trial's results (StreamingDecoder._results, timed once a call): "
+              f"{r['result_row_us']:.2f} µs a row, about 1.3 of it --parts' own timing of each _write and _read "
+              "(recipes/row_cost.py: the same alone, warm and after a memory sweep)")
     if "chunks" in r:
         c = r["chunks"]
         print(f"\nencoder chunks (--chunk-stats), per step that encodes ({c['encoding_steps']} steps): "
