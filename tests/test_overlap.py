@@ -11,7 +11,7 @@ import asyncio
 import httpx
 import pytest
 from conftest import POLICIES, random_decoder
-from test_server import LiveServer, make_reference, sentence_messages, talk
+from test_server import LiveServer, assert_matches, codes, make_reference, sentence_messages, talk
 from test_server import test_bad_input_gets_codes_and_other_streams_carry_on as bad_input
 from test_server import test_disconnect_mid_sentence_frees_the_stream as disconnect
 from test_server import test_fifty_concurrent_streams as fifty
@@ -123,3 +123,34 @@ def test_overlap_is_off_on_the_cpu_by_default(trained):
     with LiveServer(models={"waitk": str(trained["waitk"])}) as srv:
         eng = srv.app.state.server.engines["waitk"]
         assert eng.overlap is False and eng.info()["batching"]["overlap"] is False
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+@pytest.mark.parametrize("half", ["launch", "collect"])
+def test_a_failed_step_closes_its_streams_and_the_engine_goes_on(trained, overlap, half):
+    """A step that raises in either half (with and without overlap): each stream in it gets `internal_error` (fatal:
+    its websocket closes with 1011), its cache slot is freed, nothing is left in flight, and streams after it are
+    translated as one stream alone translates them."""
+    reference = make_reference(trained)
+    sentences = SENTENCES[:3]
+    with LiveServer(models={"gma": str(trained["gma"])}, overlap=overlap, rate_limit=10000,
+                    rate_burst=10000) as srv:
+        eng = srv.app.state.server.engines["gma"]
+        real = getattr(eng.dec, half)
+        armed = [1]
+
+        def failing(*a, **k):
+            if armed[0]:
+                armed[0] -= 1
+                raise RuntimeError("injected")
+            return real(*a, **k)
+        setattr(eng.dec, half, failing)
+        failed, code = asyncio.run(talk(srv.url, [{"type": "start", "model": "gma"}, {"type": "words",
+                                                  "words": sentences[0].split()}, {"type": "end_stream"}]))
+        assert code == 1011 and codes(failed) == ["internal_error"] and armed == [0], failed
+        assert not any(h.in_flight for h in eng.handles.values())
+        assert srv.wait_metric("simulserve_cache_slots_in_use", 0, model="gma") == 0   # its slot was freed
+        received, code = asyncio.run(talk(srv.url, [{"type": "start", "model": "gma"}] + sentence_messages(sentences)
+                                          + [{"type": "end_stream"}]))
+        assert code == 1000
+        assert_matches(received, [reference("gma", {}, s) for s in sentences])
