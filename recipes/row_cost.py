@@ -47,8 +47,8 @@ def main() -> None:
     torch.set_num_threads(1)
     pairs = []
     if Path(args.source).is_file() and Path(args.target).is_file():
-        pairs = [(s.split(), t) for s, t in zip(Path(args.source).read_text().splitlines(),
-                                                  Path(args.target).read_text().splitlines()) if s.split() and t]
+        lines = zip(Path(args.source).read_text().splitlines(), Path(args.target).read_text().splitlines())
+        pairs = [(s.split(), t) for s, t in lines if s.split() and t]
     if not pairs:
         p.error(f"no sentence pairs in {args.source} and {args.target} (simulserve prepare-data makes the default)")
     model, tok, _ = load_checkpoint(resolve_checkpoint(args.model))
