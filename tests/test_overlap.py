@@ -119,6 +119,19 @@ class TestOverlapServer:
         assert overlapped() > before
 
 
+class TestOverlapWorkers(TestOverlapServer):
+    """The same against `simulserve serve --workers 2` with overlap on: the CUDA default's shape (front ends in
+    processes of their own, one engine process), here on the CPU."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def server(cls, trained):
+        from test_workers import WorkersServer
+        with WorkersServer(models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
+                           rate_burst=10000, overlap="on") as srv:
+            yield srv
+
+
 def test_overlap_is_off_on_the_cpu_by_default(trained):
     with LiveServer(models={"waitk": str(trained["waitk"])}) as srv:
         eng = srv.app.state.server.engines["waitk"]
