@@ -17,6 +17,7 @@ from test_server import test_disconnect_mid_sentence_frees_the_stream as disconn
 from test_server import test_fifty_concurrent_streams as fifty
 from test_server import test_stream_equals_translate as equals_translate
 from test_streaming_equivalence import SENTENCES
+from test_workers import WorkersServer
 
 from models.step import StreamingDecoder
 from models.stream import StreamError
@@ -84,12 +85,13 @@ def test_a_stream_in_flight_cannot_be_launched_again(piece_tok):
 
 class TestOverlapServer:
     """test_server.py's equivalence tests against a real server whose engine overlaps its jobs on the CPU."""
+    server_class = LiveServer
 
     @pytest.fixture(scope="class")
     @classmethod
     def server(cls, trained):
-        with LiveServer(models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
-                        rate_burst=10000, overlap="on") as srv:
+        with cls.server_class(models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
+                              rate_burst=10000, overlap="on") as srv:
             yield srv
 
     @pytest.fixture(scope="class")
@@ -122,14 +124,7 @@ class TestOverlapServer:
 class TestOverlapWorkers(TestOverlapServer):
     """The same against `simulserve serve --workers 2` with overlap on: the CUDA default's shape (front ends in
     processes of their own, one engine process), here on the CPU."""
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def server(cls, trained):
-        from test_workers import WorkersServer
-        with WorkersServer(models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
-                           rate_burst=10000, overlap="on") as srv:
-            yield srv
+    server_class = WorkersServer
 
 
 def test_overlap_is_off_on_the_cpu_by_default(trained):
