@@ -22,7 +22,8 @@ from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policies import Policy, make_policy
 from models.step_form import StepForm, StepFormError, step_form
-from models.stream import DONE, READ, WRITE, SourceTooLong, StepOutput, StreamError, StreamState, TargetWord
+from models.stream import (DONE, READ_OUTPUT, WRITE, SourceTooLong, StepOutput, StreamError, StreamState,
+                           TargetWord)
 from models.tokenizer import Tokenizer
 from models.transformer import Transformer
 from models.upload import Upload
@@ -251,7 +252,7 @@ class StreamingDecoder:
             if s.done:
                 out[i] = StepOutput(DONE, finished=True)
             elif s.blocked:
-                out[i] = StepOutput(READ)
+                out[i] = READ_OUTPUT
             elif s.queue:
                 out[i] = self._write(s, s.queue.pop(0))
             elif self._must_read(s):
@@ -351,18 +352,21 @@ class StreamingDecoder:
         """READ: take words from the inbox until `need` source positions are there
         (several READs in a row, done at once), the end of the source once the inbox
         is empty and the sentence ended, else wait for the client (blocked)."""
+        inbox, available = s.inbox, len(s.source_tokens) + s.source_finished   # (= s.available)
         moved = False
-        while s.available < need and s.inbox:
-            word, ids = s.inbox.pop(0)
+        while available < need and inbox:
+            word, ids = inbox.pop(0)
             s.source_words.append(word)
             s.source_tokens.extend(ids)
+            available += len(ids)
             moved = True
-        if s.available < need and not s.inbox and s.end_received and not s.source_finished:
+        if available < need and not inbox and s.end_received and not s.source_finished:
             s.source_finished = True
             moved = True
         s.blocked = not moved
-        s.dirty |= moved     # the device's copy of avail/finished is behind (models/slot_state.py)
-        return StepOutput(READ)
+        if moved:
+            s.dirty = True   # the device's copy of avail/finished is behind (models/slot_state.py)
+        return READ_OUTPUT
 
     def _max_target_len(self, s: StreamState) -> int:
         cap = self.cfg.max_positions - 1
@@ -638,24 +642,25 @@ class StreamingDecoder:
 
     def _write(self, s: StreamState, token: int, on_device: bool = False) -> StepOutput:
         """Commit one target token; release the words it completes. on_device: the decoder step wrote it
-        and moved the slot's row on already (else the row is uploaded before the stream's next trial)."""
-        s.dirty |= not on_device
+        and moved the slot's row on already (else the row is uploaded before the stream's next trial).
+        (Every row of a flat-out step that writes comes here, on the thread that steps: kept lean.)"""
+        if not on_device:
+            s.dirty = True
+        available = len(s.source_tokens) + s.source_finished   # (= s.available)
         s.target_tokens.append(token)
-        s.token_delays.append(s.available)
-        released = []
+        s.token_delays.append(available)
+        released = ()
         eos = token == self.cfg.eos_id
-        if s.pending and (eos or self.tok.starts_word(token, s.pending[-1])):
-            word = self._release(s)
-            if word.text:  # a lone "▁" piece makes no word
-                released.append(word)
+        pending = s.pending
+        if pending and (eos or self.tok.starts_word(token, pending[-1])):
+            text = self.tok.decode_word(pending)
+            s.pending = pending = []
+            if text:  # a lone "▁" piece makes no word
+                word = TargetWord(text, len(s.source_words), available)
+                s.words.append(word)
+                released = (word,)
         if eos:
             s.done = True
-        else:
-            s.pending.append(token)
-        s.words.extend(released)
-        return StepOutput(WRITE, token, released, finished=s.done)
-
-    def _release(self, s: StreamState) -> TargetWord:
-        text = self.tok.decode_word(s.pending)
-        s.pending = []
-        return TargetWord(text, len(s.source_words), s.available)
+            return StepOutput(WRITE, token, released, True)
+        pending.append(token)
+        return StepOutput(WRITE, token, released, s.done)

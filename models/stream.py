@@ -29,17 +29,19 @@ class TargetWord:
     subword_delay: int  # source subwords read (EOS counted once the source ended)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutput:
+    """What one step did for one stream. Read-only for its users: a READ is one shared instance (READ_OUTPUT)."""
     action: str                       # "read" | "write" | "done"
     token: int | None = None
-    words: list[TargetWord] = field(default_factory=list)
+    words: tuple[TargetWord, ...] = ()   # the target words this step completed
     finished: bool = False            # the target sentence is complete
 
 
 READ = "read"
 WRITE = "write"
 DONE = "done"
+READ_OUTPUT = StepOutput(READ)   # (every READ: nothing of its own to say, and a step has hundreds of them)
 
 
 @dataclass
