@@ -84,14 +84,16 @@ def test_a_stream_in_flight_cannot_be_launched_again(piece_tok):
 
 
 class TestOverlapServer:
-    """test_server.py's equivalence tests against a real server whose engine overlaps its jobs on the CPU."""
+    """test_server.py's equivalence tests against a real server whose engine overlaps its jobs on the CPU. Jobs of
+    at most 8 streams: with more streams moving than a job takes, the next job is always launched while one is in
+    flight (with room for all of them, every stream could be in the one job in flight, and nothing overlaps)."""
     server_class = LiveServer
 
     @pytest.fixture(scope="class")
     @classmethod
     def server(cls, trained):
         with cls.server_class(models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
-                              rate_burst=10000, overlap="on") as srv:
+                              rate_burst=10000, overlap="on", max_batch=8) as srv:
             yield srv
 
     @pytest.fixture(scope="class")
@@ -105,7 +107,8 @@ class TestOverlapServer:
     test_disconnect_mid_sentence_frees_the_stream = staticmethod(disconnect)
 
     def test_jobs_overlap_and_the_setting_is_reported(self, server):
-        """Twenty streams at once on one model: jobs are launched while the job before is in flight."""
+        """Twenty streams at once on one model, jobs of at most 8: jobs are launched while the job before is in
+        flight."""
         def overlapped() -> int:
             models = {m["name"]: m for m in httpx.get(server.http + "/v1/models").json()["models"]}
             assert all(m["batching"]["overlap"] is True for m in models.values())
