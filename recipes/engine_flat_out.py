@@ -40,6 +40,7 @@ from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
 from models.step import StreamingDecoder  # noqa: E402
 from models.transformer import Transformer  # noqa: E402
+from server import heap  # noqa: E402
 from server.engine import ModelEngine  # noqa: E402
 from server.metrics import Metrics  # noqa: E402
 
@@ -62,9 +63,8 @@ async def run(args, dec: StreamingDecoder, sentences: list[list[str]]) -> dict:
     chunks = ChunkStats(dec, args.max_batch) if args.chunk_stats else None
     await eng.start()
     await asyncio.to_thread(eng.warmup)   # (model work off the event loop, as the server does)
-    if not args.no_gc_freeze:   # as the server does once loaded (server/app.py): a full collection then
-        gc.collect()            # skips what start-up made, ~1 ms instead of ~90 ms a pause on this CPU
-        gc.freeze()
+    if not args.no_gc_freeze:   # as the server does once loaded (server/heap.py): a full collection then
+        heap.settle(args.gc_young)   # skips what start-up made, ~1 ms instead of ~90 ms a pause on this CPU
     rng = random.Random(0)
     words = sents = 0
     stop = False
@@ -323,6 +323,8 @@ def main() -> None:
                    "the event loop after each job (the server's engine does: server/engine.py)")
     p.add_argument("--switch-interval-ms", type=float, help="the interpreter's switch interval (sys.setswitchinterval; "
                    "Python's default 5 ms): how long a thread that wants the lock waits before it asks for it")
+    p.add_argument("--gc-young", type=int, default=heap.YOUNG_THRESHOLD, help="the collector's young-generation "
+                   f"threshold once loaded (default {heap.YOUNG_THRESHOLD}, the server's; Python's own is 700)")
     p.add_argument("--no-gc-freeze", action="store_true", help="leave what start-up made in the collector's sight "
                    "(the server freezes it once loaded; this shows what that saves)")
     p.add_argument("--save-tiny", metavar="DIR", help="write the --tiny model as a checkpoint to DIR and exit "
@@ -366,8 +368,10 @@ def main() -> None:
     print(f"| {r['words_per_s']:.0f} | {r['sentences_per_s']:.1f} | {r['steps_per_s']:.1f} | {r['mean_batch']:.1f} "
           f"| {r['mean_step_ms']:.2f} | {r['cycle_ms']:.2f} | {1000 * r['cycle_ms'] / max(r['mean_batch'], 1):.0f} "
           f"| {100 * r['stepping']:.0f}% | {100 * r['cpu']:.0f}% |")
-    heap = "start-up heap left in sight: --no-gc-freeze" if args.no_gc_freeze else "start-up heap frozen, as the server"
-    print(f"garbage collector ({heap}): " + "; ".join(
+    as_server = ", as the server" if args.gc_young == heap.YOUNG_THRESHOLD else ""
+    settled = ("start-up heap left in sight and Python's thresholds: --no-gc-freeze" if args.no_gc_freeze else
+               f"start-up heap frozen, young threshold {args.gc_young}{as_server}")
+    print(f"garbage collector ({settled}): " + "; ".join(
         f"generation {g} {v['count']} pauses, {100 * v['share']:.1f}% of the time, longest {v['max_ms']:.1f} ms"
         for g, v in r["gc"].items()))
     if "parts" in r:
@@ -396,7 +400,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({**r, "form": dec.form.name, "device": str(dec.device),
                                                "streams": args.streams, "max_batch": args.max_batch,
-                                               "gc_freeze": not args.no_gc_freeze}, indent=1))
+                                               "gc_freeze": not args.no_gc_freeze,
+                                               "gc_young": None if args.no_gc_freeze else args.gc_young}, indent=1))
 
 
 if __name__ == "__main__":

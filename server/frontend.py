@@ -11,7 +11,6 @@ still owes words at the idle timeout, /health, /v1/models and /metrics.
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import logging
 import os
@@ -24,6 +23,7 @@ from prometheus_client import generate_latest
 
 from models.checkpoint import read_config
 from models.tokenizer import Tokenizer
+from server import heap
 from server.app import LOOP_PROBE_S, REFRESH_EVERY, ServerState, Session, _subprotocol, create_app, refuse
 from server.engine import EndSentence, EndStream, ModelEngine, PushWords
 from server.ipc import LinkClosed, open_link
@@ -151,8 +151,7 @@ class FrontEndState(ServerState):
         except Exception as e:  # noqa: BLE001
             self.boundary_error = f"{type(e).__name__}: {e}"
             log.warning("no sentence-boundary classifier: %s", self.boundary_error)
-        gc.collect()
-        gc.freeze()
+        heap.settle()   # (server/heap.py)
         self.local_ready = True
         self.settled.set()
         probe = asyncio.create_task(self._report_lateness())

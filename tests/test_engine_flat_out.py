@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from server.heap import YOUNG_THRESHOLD
+
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ich habe heute keine Zeit .", "Wo ist der Bahnhof ?", "Das Wetter ist schön und warm .",
              "Kannst du mir bitte helfen ?", "Wir gehen morgen ins Kino ."]
@@ -38,6 +40,7 @@ def test_engine_flat_out_reports_consistent_figures(tmp_path):
     assert 0 < f["stepping"] <= 1.0
     # the collector's pauses in the timed window, per generation; the start-up heap frozen as in the server
     assert f["gc_freeze"] is True and "start-up heap frozen" in r.stdout
+    assert f["gc_young"] == YOUNG_THRESHOLD and f"young threshold {YOUNG_THRESHOLD}, as the server" in r.stdout
     assert set(f["gc"]) == {"0", "1", "2"} and all(0 <= g["share"] < 1 for g in f["gc"].values())
 
 
