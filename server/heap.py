@@ -6,7 +6,7 @@
 - The young generation is collected after YOUNG_THRESHOLD net new container objects instead of Python's 700. A
   job of 256 streams makes and frees some thousands of lists, dicts and events; at 700 the surges alone set off
   about 60 collections a second flat out, whose survivors then fed the older generations' full collections
-  (pauses of 35 ms on the 2-core EPYC, 4-5 % of the engine thread; docs/benchmarks.md, "The collector"). At
+  (pauses up to 38 ms on the 2-core EPYC, 4-5 % of the time; docs/benchmarks.md, "The collector"). At
   10,000 the surges stay below it and a collection comes every few seconds or less often; the older
   generations' ratios are Python's.
 """
