@@ -166,6 +166,27 @@ class Headroom:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
 
 
+def combine(parts: list[Headroom]) -> Headroom:
+    """Several engine processes' estimates of one model (`serve --engines N`) as one: what they take and keep
+    adds up; a delay is the worst of them; the state is over_budget if any engine is, cold if all are."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def worst(name):
+        values = [getattr(p, name) for p in parts if getattr(p, name) is not None]
+        return max(values) if values else None
+
+    states = {p.state for p in parts}
+    state = "over_budget" if "over_budget" in states else "cold" if states == {"cold"} else "measured"
+    total = {name: sum(getattr(p, name) for p in parts)
+             for name in ("streams", "capacity", "live", "demand_rows_s", "max_demand_rows_s")}
+    return dataclasses.replace(parts[0], state=state, **total,
+                               **{n: worst(n) for n in ("p99_ms", "lag_p99_ms", "loop_p99_ms", "cycle_ms")},
+                               rows_per_stream_s=sum(p.rows_per_stream_s for p in parts) / len(parts),
+                               delay_in_cycles=max(p.delay_in_cycles for p in parts),
+                               busy=max(p.busy for p in parts))
+
+
 class Admission:
     """One engine's headroom and its admission decisions (see the module docstring). Disabled, it still
     estimates (for /health and /metrics) and admits every stream."""

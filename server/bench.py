@@ -77,6 +77,8 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--server-threads", type=int, help="torch threads of the started server")
     p.add_argument("--workers", type=int, help="front-end processes of the started server (serve --workers; "
                                                "default: its default, one process)")
+    p.add_argument("--engines", type=int, help="engine processes of the started server (serve --engines; "
+                                               "default: its default, 1)")
     p.add_argument("--device", help="device of the started server (not with --url): auto (its default: cuda "
                                     "when available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16, float16 on CUDA)")
@@ -146,6 +148,8 @@ def server_command(args, port: int) -> list[str]:
         cmd += ["--torch-threads", str(args.server_threads)]
     if args.workers:
         cmd += ["--workers", str(args.workers)]
+    if args.engines:
+        cmd += ["--engines", str(args.engines)]
     if args.device:
         cmd += ["--device", args.device]
     if args.dtype:
@@ -683,7 +687,8 @@ def run_server_bench(args) -> int:
     from models.errors import UserError
     proc = None
     given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype), ("--step", args.step),
-                            ("--workers", args.workers), ("--overlap", args.overlap)) if v]
+                            ("--workers", args.workers), ("--engines", args.engines), ("--overlap", args.overlap))
+             if v]
     if args.baseline_url and not args.url:
         raise UserError("--baseline-url compares with --url: give both")
     if args.url and given:   # they set up the server this command starts; a running one has its own

@@ -37,6 +37,9 @@ FLAGS = {
     "--workers": ("workers", {"type": int, "help": "front-end processes (websockets, JSON, limits) beside one "
                                                    "engine process that steps the models (default 0: 4 on a "
                                                    "CUDA GPU with 8+ CPUs, else 1, one process; docs/server.md)"}),
+    "--engines": ("engines", {"type": int, "help": "engine processes on the device, each with its own models and "
+                                                   "stepping thread; new streams go to the least loaded "
+                                                   "(default 1; docs/server.md)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
@@ -199,7 +202,7 @@ def run(args) -> int:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
         from server.settings import front_end_processes
         settings.workers = front_end_processes(settings)   # 0: chosen by the device (settings.py)
-        if settings.transport.workers > 1:   # one engine process and N front ends (server/workers.py)
+        if apart(settings):   # engine processes and N front ends (server/workers.py)
             from server.settings import resolve_models
             served = list(resolve_models(settings))   # a bad checkpoint is reported here, once
         else:
@@ -210,12 +213,14 @@ def run(args) -> int:
     except (SettingsError, ValueError) as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
         return 2
-    if settings.serving.torch_threads is None:  # leave a core to the event loop (websockets, JSON)
-        settings.torch_threads = max(1, (os.cpu_count() or 2) - 1)
-    if settings.transport.workers > 1:
+    if settings.serving.torch_threads is None:  # leave a core to the event loop (websockets, JSON), share the rest
+        settings.torch_threads = max(1, ((os.cpu_count() or 2) - 1) // settings.transport.engines)
+    if apart(settings):
         scheme = "wss" if settings.transport.ssl_certfile else "ws"
+        engines = settings.transport.engines
         print(f"simulserve: serving {', '.join(served)} on {scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
-              f"({settings.transport.workers} front-end processes, one engine process)", file=sys.stderr, flush=True)
+              f"({settings.transport.workers} front-end processes, {engines} engine process{'es' * (engines > 1)})",
+              file=sys.stderr, flush=True)
         from server.workers import serve_workers
         return serve_workers(settings)
     logging.basicConfig(level=settings.transport.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -229,12 +234,20 @@ def run(args) -> int:
     return 0
 
 
+def apart(settings) -> bool:
+    """Whether `serve` runs as processes (server/workers.py): several front ends or several engines."""
+    return settings.transport.workers > 1 or settings.transport.engines > 1
+
+
 def run_ray(args) -> int:
     from server.settings import SettingsError
     try:
         settings = settings_from_args(args)
         from server.settings import resolve_models
         resolve_models(settings)           # a bad checkpoint is reported here, not by every replica
+        if settings.transport.engines > 1:
+            raise SettingsError("--engines runs engine processes beside front ends in one server; behind Ray "
+                                "Serve each replica is one process: scale with --replicas")
     except (SettingsError, ValueError) as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
         return 2

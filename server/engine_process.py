@@ -66,10 +66,9 @@ class Outbox:
 
 @dataclasses.dataclass
 class Conn:
-    """One websocket of a front end, as the global limits count it."""
+    """One websocket of a front end, as the global limits count it (on the primary engine process)."""
     ip: str
     active: bool = False          # holds one of max_streams
-    stream: int | None = None
 
 
 class FrontEnd:
@@ -78,6 +77,7 @@ class FrontEnd:
     def __init__(self, link: Link, number: int):
         self.link, self.number = link, number
         self.conns: dict[int, Conn] = {}
+        self.conn_streams: dict[int, int] = {}   # websocket -> its stream here (freed with the websocket)
         self.streams: dict[int, tuple[ModelEngine, StreamHandle]] = {}
         self._pending: dict[int, list] = {}
 
@@ -97,9 +97,13 @@ class FrontEnd:
 
 
 class EngineProcess:
-    def __init__(self, settings: ServerSettings, listener: socket.socket, key: bytes):
+    """One engine process. With `--engines N` the first (index 0, the primary) also counts the connections
+    (Connect, Disconnect: max_streams, the per-address limits) and gathers the front ends' metrics; every one
+    steps the streams that started on it."""
+
+    def __init__(self, settings: ServerSettings, listener: socket.socket, key: bytes, index: int = 0):
         self.srv = EngineState(settings, resolve_models(settings))
-        self.listener, self.key = listener, key
+        self.listener, self.key, self.index = listener, key, index
         self.fronts: dict[int, FrontEnd] = {}
         self._numbers = itertools.count(1)
         self._scrapes: dict[int, tuple[set[int], list, asyncio.Future]] = {}
@@ -160,11 +164,12 @@ class EngineProcess:
         f.link.send(Reply(m.req, refusal))
 
     def disconnect(self, f: FrontEnd, m: Disconnect) -> None:
+        stream = f.conn_streams.pop(m.conn, None)
+        if stream is not None:
+            self.detach(f, Detach(stream))
         conn = f.conns.pop(m.conn, None)
         if conn is None:
             return
-        if conn.stream is not None:
-            self.detach(f, Detach(conn.stream))
         srv = self.srv
         if conn.active:
             srv.active -= 1
@@ -180,8 +185,7 @@ class EngineProcess:
             if busy is None:
                 h = eng.attach(eng.policy_for(m.k, m.delta), Outbox(f, m.stream), None)
                 f.streams[m.stream] = (eng, h)
-                if m.conn in f.conns:
-                    f.conns[m.conn].stream = m.stream
+                f.conn_streams[m.conn] = m.stream
         except Exception:  # noqa: BLE001 - the front end waits for an answer
             log.exception("attaching a stream failed")
             busy = error("internal_error")
@@ -225,6 +229,8 @@ class EngineProcess:
 
     def scrape(self, f: FrontEnd, m: Scrape) -> None:
         """Every front end's samples as of now, with this process's: asked of each, answered when all have."""
+        if not m.fronts:   # another engine process's scrape gathers the front ends
+            return f.link.send(Reply(m.req, [snapshot(self.srv.metrics.registry)]))
         token = next(self._tokens)
         fut = asyncio.get_running_loop().create_future()
         self._scrapes[token] = (set(self.fronts), [snapshot(self.srv.metrics.registry)], fut)
@@ -255,9 +261,9 @@ class EngineProcess:
             fut.set_result(None)
 
 
-def main(settings: dict, listener: socket.socket, key: bytes) -> None:
-    """The engine process (spawned by server/workers.py)."""
+def main(settings: dict, listener: socket.socket, key: bytes, index: int = 0) -> None:
+    """An engine process (spawned by server/workers.py); `index` numbers it among `--engines N` (0: the primary)."""
     from server.workers import child_logging
-    child_logging(settings["log_level"], "engine")
+    child_logging(settings["log_level"], "engine" if settings["engines"] == 1 else f"engine {index + 1}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent stops it, after the front ends (SIGTERM)
-    asyncio.run(EngineProcess(ServerSettings.model_construct(**settings), listener, key).run())
+    asyncio.run(EngineProcess(ServerSettings.model_construct(**settings), listener, key, index).run())

@@ -7,6 +7,10 @@ model's config and tokenizer (from the checkpoint directory) for the checks made
 (policy settings, subwords per sentence), and sends the rest to the engine process. What needs the engine
 process is asked of it: the global checks at connect, admission and the stream's handle at `start`, whether it
 still owes words at the idle timeout, /health, /v1/models and /metrics.
+
+With `--engines N` it holds a link to each engine process. The connection checks go to the first (the
+primary); a new stream starts on the engine where this front end has the fewest streams, or the next one if
+that engine's admission refuses it, and stays there; /health, /v1/models and /metrics combine every engine's.
 """
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ from prometheus_client import generate_latest
 from models.checkpoint import read_config
 from models.tokenizer import Tokenizer
 from server import heap
+from server.admission import combine
 from server.app import LOOP_PROBE_S, REFRESH_EVERY, ServerState, Session, _subprotocol, create_app, refuse
 from server.engine import EndSentence, EndStream, ModelEngine, PushWords
-from server.ipc import LinkClosed, open_link
+from server.ipc import Link, LinkClosed, open_link
 from server.ipc_messages import (Attach, Collect, Collected, Connect, Detach, Disconnect, Events, LoopLate, Owes,
                                  Scrape, StatusRequest, ToStream)
 from server.metrics_merge import Merged, snapshot
@@ -37,12 +42,13 @@ log = logging.getLogger("simulserve.frontend")
 
 
 class RemoteHandle:
-    """A stream as its front end sees it: its number at the engine process, and its backlog (source words sent
-    minus those the engine process reported read)."""
-    __slots__ = ("id", "received", "read", "closed")
+    """A stream as its front end sees it: its number and link at the engine process it lives on, and its backlog
+    (source words sent minus those the engine process reported read)."""
+    __slots__ = ("id", "link", "engine", "received", "read", "closed")
 
-    def __init__(self, stream: int):
-        self.id, self.received, self.read, self.closed = stream, 0, 0, False
+    def __init__(self, stream: int, link: Link | None = None, engine: int = 0):
+        self.id, self.link, self.engine = stream, link, engine
+        self.received, self.read, self.closed = 0, 0, False
 
     @property
     def backlog(self) -> int:
@@ -77,20 +83,21 @@ class RemoteEngine:
 
     def push(self, h: RemoteHandle, words: list[str], t: float, pieces: list[list[int]] | None = None) -> None:
         h.received += len(words)
-        self.front.link.send(ToStream(h.id, PushWords(words, t, pieces)))
+        h.link.send(ToStream(h.id, PushWords(words, t, pieces)))
 
     def end_sentence(self, h: RemoteHandle, t: float) -> None:
-        self.front.link.send(ToStream(h.id, EndSentence(t)))
+        h.link.send(ToStream(h.id, EndSentence(t)))
 
     def end_stream(self, h: RemoteHandle) -> None:
-        self.front.link.send(ToStream(h.id, EndStream()))
+        h.link.send(ToStream(h.id, EndStream()))
 
     def detach(self, h: RemoteHandle) -> None:
         if h.closed:
             return
         h.closed = True
-        self.front.streams.pop(h.id, None)
-        self.front.link.send(Detach(h.id))
+        if self.front.streams.pop(h.id, None) is not None:
+            self.front.streams_on[h.engine] -= 1
+        h.link.send(Detach(h.id))
 
 
 class RemoteSession(Session):
@@ -99,34 +106,42 @@ class RemoteSession(Session):
 
     async def _attach(self, engine: RemoteEngine, policy, msg):
         front = self.srv
-        h = RemoteHandle(next(front.stream_ids))
-        front.streams[h.id] = (self, h)
         busy = error("internal_error", "the engine process has gone")
-        try:
-            busy = await front.link.call(lambda req: Attach(req, self.conn, h.id, engine.name, msg.k, msg.delta))
-        except LinkClosed:
-            pass
-        finally:
-            if busy is not None:   # refused, or cancelled while asking (Disconnect frees it there)
-                front.streams.pop(h.id, None)
-        return (None, busy) if busy is not None else (h, None)
+        for i in front.engine_order():   # the least loaded first; the next if its admission refuses
+            h = RemoteHandle(next(front.stream_ids), front.links[i], i)
+            front.streams[h.id] = (self, h)
+            front.streams_on[i] += 1
+            busy = error("internal_error", "the engine process has gone")
+            try:
+                busy = await h.link.call(lambda req: Attach(req, self.conn, h.id, engine.name, msg.k, msg.delta))
+            except LinkClosed:
+                pass
+            finally:
+                if busy is not None:   # refused, or cancelled while asking (Disconnect frees it there)
+                    front.streams.pop(h.id, None)
+                    front.streams_on[i] -= 1
+            if busy is None:
+                return h, None
+        return None, busy
 
     async def _translating(self) -> bool:
         try:
-            return await self.srv.link.call(lambda req: Owes(req, self.h.id))
+            return await self.h.link.call(lambda req: Owes(req, self.h.id))
         except LinkClosed:
             return False
 
 
 class FrontEndState(ServerState):
-    """What a front end's app owns; ready, active, the headroom and the models' info as of the engine process's
-    last answer (asked for by each /health and /v1/models)."""
+    """What a front end's app owns; ready, active, the headroom and the models' info as of the engine processes'
+    last answers (asked for by each /health and /v1/models)."""
 
-    def __init__(self, settings: ServerSettings, checkpoints: dict[str, Path], ipc_path: str, key: bytes,
+    def __init__(self, settings: ServerSettings, checkpoints: dict[str, Path], ipc_paths: list[str], key: bytes,
                  worker: int):
         super().__init__(settings, checkpoints)
-        self.ipc_path, self.key, self.worker = ipc_path, key, worker
-        self.link = None
+        self.ipc_paths, self.key, self.worker = ipc_paths, key, worker
+        self.links: list[Link] = []
+        self.link = None          # the primary engine process's (connections, metrics)
+        self.streams_on = [0] * len(ipc_paths)   # this front end's streams on each engine process
         self.local_ready = False
         self.closing = False
         self.streams: dict[int, tuple[RemoteSession, RemoteHandle]] = {}
@@ -135,7 +150,9 @@ class FrontEndState(ServerState):
 
     async def load(self) -> None:
         try:
-            self.link = await open_link(self.ipc_path, self.key)
+            for path in self.ipc_paths:
+                self.links.append(await open_link(path, self.key))
+            self.link = self.links[0]
             engines = {}
             for name, path in self.checkpoints.items():
                 engines[name] = await asyncio.to_thread(RemoteEngine, name, path, self.settings, self)
@@ -155,18 +172,28 @@ class FrontEndState(ServerState):
         self.local_ready = True
         self.settled.set()
         probe = asyncio.create_task(self._report_lateness())
+        readers = [asyncio.create_task(link.serve(self._on_message)) for link in self.links]
         try:
-            await self.link.serve(self._on_message)
+            await asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED)   # until one engine process goes
         finally:
             probe.cancel()
+            for link in self.links:
+                link.close()
+            await asyncio.gather(*readers, return_exceptions=True)
         if not self.closing:
             log.error("front end %d: the engine process has gone; stopping", self.worker)
             os.kill(os.getpid(), signal.SIGTERM)     # uvicorn's own graceful shutdown
 
     async def close(self) -> None:
         self.closing = True
-        if self.link is not None:
-            self.link.close()
+        for link in self.links:
+            link.close()
+
+    def engine_order(self) -> list[int]:
+        """The engine processes to try a new stream on: fewest of this front end's streams first; ties go round
+        by this front end's number, so that front ends do not all start on the same engine."""
+        n = len(self.links)
+        return sorted(range(n), key=lambda i: (self.streams_on[i], (i - self.worker) % n))
 
     def _on_message(self, m) -> None:
         if type(m) is Events:
@@ -197,11 +224,12 @@ class FrontEndState(ServerState):
             await asyncio.sleep(LOOP_PROBE_S)
             samples.append(max(0.0, time.monotonic() - t - LOOP_PROBE_S))
             if len(samples) >= REFRESH_EVERY:
-                self.link.send(LoopLate(tuple(samples)))
+                for link in self.links:
+                    link.send(LoopLate(tuple(samples)))
                 samples = []
 
     def _linked(self) -> bool:
-        return self.local_ready and self.link is not None and not self.link.closed
+        return self.local_ready and bool(self.links) and not any(link.closed for link in self.links)
 
     # ---- the hooks of server/app.py
     async def sync(self, models: bool = False) -> None:
@@ -209,22 +237,25 @@ class FrontEndState(ServerState):
             self.ready = False
             return
         try:
-            st = await self.link.call(lambda req: StatusRequest(req, models))
+            answers = await asyncio.gather(*(link.call(lambda req: StatusRequest(req, models)) for link in self.links))
         except LinkClosed:
             self.ready = False
             return
-        self.ready, self.active = st.ready, st.active
-        self.load_error = self.load_error or st.load_error
+        self.ready, self.active = all(st.ready for st in answers), answers[0].active
+        self.load_error = self.load_error or next((st.load_error for st in answers if st.load_error), None)
         for name, eng in self.engines.items():
-            eng.admission.estimate = st.headroom.get(name)
-            if st.info is not None:
-                eng.described = st.info.get(name, {})
+            parts = [st.headroom[name] for st in answers if name in st.headroom]
+            eng.admission.estimate = combine(parts) if len(parts) == len(answers) else None
+            if models and all(st.info is not None for st in answers):
+                eng.described = combined_info([st.info.get(name, {}) for st in answers])
 
     async def scrape(self) -> bytes:
         own = [snapshot(self.metrics.registry)]
         if self._linked():
-            try:
-                return generate_latest(Merged(await self.link.call(Scrape)))
+            try:   # the primary gathers every front end's samples (this one's included), the others their own
+                answers = await asyncio.gather(*(link.call(lambda req, first=i == 0: Scrape(req, fronts=first))
+                                                 for i, link in enumerate(self.links)))
+                return generate_latest(Merged([s for samples in answers for s in samples]))
             except LinkClosed:
                 pass
         return generate_latest(Merged(own))
@@ -252,11 +283,23 @@ class FrontEndState(ServerState):
             finally:
                 session.detach()
         finally:
-            if self.link is not None:
-                self.link.send(Disconnect(conn))
+            for link in self.links:   # (each engine process frees the stream it holds for this connection)
+                link.send(Disconnect(conn))
 
 
-def main(settings: dict, sock: socket.socket, ipc_path: str, key: bytes, worker: int) -> None:
+def combined_info(parts: list[dict]) -> dict:
+    """/v1/models' entry for a model stepped by several engine processes: the first's, with the stream and job
+    counts summed, and each engine process's own in `engine_processes` (how the streams are spread)."""
+    if len(parts) == 1 or not all(parts):
+        return parts[0]
+    out = dict(parts[0], active_streams=sum(p["active_streams"] for p in parts),
+               engine_processes=[{"active_streams": p["active_streams"],
+                                  "overlapped_jobs": p["batching"]["overlapped_jobs"]} for p in parts])
+    out["batching"] = dict(out["batching"], overlapped_jobs=sum(p["batching"]["overlapped_jobs"] for p in parts))
+    return out
+
+
+def main(settings: dict, sock: socket.socket, ipc_paths: list[str], key: bytes, worker: int) -> None:
     """A front-end process (spawned by server/workers.py): uvicorn on the shared listening socket."""
     import uvicorn
 
@@ -270,7 +313,7 @@ def main(settings: dict, sock: socket.socket, ipc_path: str, key: bytes, worker:
     own = ServerSettings.model_construct(**settings)
     # wait_for_models: this front end accepts connections once its own part is loaded (the engine process
     # says when the models are: until then streams get not_ready, /health 503)
-    app = create_app(own, wait_for_models=True, state=FrontEndState(own, resolve_models(own), ipc_path, key, worker))
+    app = create_app(own, wait_for_models=True, state=FrontEndState(own, resolve_models(own), ipc_paths, key, worker))
     t = own.transport
     uvicorn.Server(uvicorn_config(app, own, log_level=t.log_level.lower(), ssl_certfile=t.ssl_certfile,
                                   ssl_keyfile=t.ssl_keyfile, access_log=False)).run(sockets=[sock])

@@ -1,5 +1,7 @@
-"""The messages between the front ends and the engine process of `simulserve serve --workers N`
-(server/ipc.py carries them; docs/server.md#several-processes---workers-n).
+"""The messages between the front ends and the engine processes of `simulserve serve --workers N [--engines E]`
+(server/ipc.py carries them; docs/server.md#several-processes---workers-n). With several engine processes a
+front end sends Connect (and gets Collect) from the primary only, a stream's messages to the engine it started
+on, Disconnect and LoopLate to all.
 
 A front end asks (`req` numbers a request; the engine process answers with `Reply(req, value)`):
     Connect     at the websocket upgrade: the global limits (per-address connections and failed keys,
@@ -75,6 +77,7 @@ class StatusRequest:
 @dataclasses.dataclass(frozen=True)
 class Scrape:
     req: int
+    fronts: bool = True   # with every front end's samples (asked of the primary engine process only)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,9 @@ Each process keeps its own registry (server/metrics.py): the engine process the 
 front end what happens on its websockets (errors and warnings sent, guard refusals) and its own `process_*`
 figures. A scrape collects every process's samples at that moment and sums each series over the processes,
 so a family appears once and a count is the server's: counters, histograms, stream gauges and
-`process_resident_memory_bytes` (the server's memory) add up; creation and start times take the earliest,
-`python_info` and `process_max_fds` the largest.
+`process_resident_memory_bytes` (the server's memory) add up; creation and start times take the earliest;
+`python_info`, `process_max_fds`, and what each of several engine processes (`--engines N`) reports for the
+whole model (models loaded, the recent p99 delay) the largest.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
 EARLIEST = ("process_start_time_seconds",)
-LARGEST = ("process_max_fds", "python_info")
+# (with --engines N each engine process sets these for all: the worst, not the sum)
+LARGEST = ("process_max_fds", "python_info", "simulserve_models_loaded", "simulserve_recent_delay_p99_seconds")
 
 
 def snapshot(registry) -> list[tuple]:

@@ -102,6 +102,7 @@ class TransportSettings:
     web_dir: str | None
     log_level: str
     workers: int
+    engines: int
     ws_compression: bool
 
 
@@ -144,6 +145,11 @@ class ServerSettings(BaseSettings):
                                                      "process that steps the models (1: everything in one process; "
                                                      "0, the default: 4 on a CUDA GPU with 8 or more CPUs, else 1; "
                                                      "docs/server.md#several-processes---workers-n)")
+    engines: int = Field(1, ge=1, le=16, description="engine processes, each with its own copy of the models and "
+                                                     "its own stepping thread, on the same device; new streams "
+                                                     "go to the least loaded (more than 1 runs the front ends "
+                                                     "apart, as --workers; docs/server.md#several-engine-processes"
+                                                     "---engines-n)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
                                                                    "more streams to batch with")

@@ -1,10 +1,12 @@
-"""`simulserve serve --workers N`: one engine process and N front-end processes
+"""`simulserve serve --workers N [--engines E]`: E engine processes and N front-end processes
 (docs/server.md#several-processes---workers-n).
 
-    this process     binds the listening socket and the engine socket, spawns the others, watches them
-    engine process   server/engine_process.py: the models, their stepping threads, the global limits, admission
+    this process     binds the listening socket and the engine sockets, spawns the others, watches them
+    engine processes server/engine_process.py: the models, their stepping threads, admission; the first (the
+                     primary) also holds the limits that count connections (max_streams, per address)
     front ends (N)   server/frontend.py: uvicorn and the app on the one listening socket (the kernel hands each
-                     new connection to one of them), talking to the engine process over a Unix socket
+                     new connection to one of them), talking to every engine process over a Unix socket each,
+                     and starting each new stream on the least loaded engine (server/frontend.py `EngineLinks`)
 
 If any of them exits, the others are stopped and this process exits with 1, saying which one went. SIGINT or
 SIGTERM stops the front ends first (uvicorn's graceful shutdown), then the engine process.
@@ -52,16 +54,20 @@ def serve_workers(settings: ServerSettings) -> int:
     except OSError as e:
         print(f"simulserve serve: cannot listen on {settings.transport.host}:{settings.transport.port}: {e}", file=sys.stderr)
         return 1
-    where = tempfile.mkdtemp(prefix="simulserve-")      # 0700: only this user reaches the engine socket
-    path = os.path.join(where, "engine.sock")
-    engine_sock = socket.socket(socket.AF_UNIX)
-    engine_sock.bind(path)
-    engine_sock.listen(64)
+    where = tempfile.mkdtemp(prefix="simulserve-")      # 0700: only this user reaches the engine sockets
+    count = settings.transport.engines
+    paths = [os.path.join(where, f"engine{i}.sock") for i in range(count)]
+    engine_socks = []
+    for path in paths:
+        engine_socks.append(socket.socket(socket.AF_UNIX))
+        engine_socks[-1].bind(path)
+        engine_socks[-1].listen(64)
     key = os.urandom(32)                                 # handed to the children through spawn, never on disk
     config = settings.model_dump()
     ctx = multiprocessing.get_context("spawn")           # torch and threads do not survive fork
-    engine = ctx.Process(target=engine_main, args=(config, engine_sock, key), name="engine")
-    fronts = [ctx.Process(target=frontend_main, args=(config, listener, path, key, i + 1), name=f"front end {i + 1}")
+    engines = [ctx.Process(target=engine_main, args=(config, sock, key, i),
+                           name="engine" if count == 1 else f"engine {i + 1}") for i, sock in enumerate(engine_socks)]
+    fronts = [ctx.Process(target=frontend_main, args=(config, listener, paths, key, i + 1), name=f"front end {i + 1}")
               for i in range(settings.transport.workers)]
     stop: list[int] = []
 
@@ -71,14 +77,15 @@ def serve_workers(settings: ServerSettings) -> int:
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
-        engine.start()
-        engine_sock.close()      # the front ends connect to the engine process's copy; gone with it
+        for engine, sock in zip(engines, engine_socks):
+            engine.start()
+            sock.close()         # the front ends connect to the engine process's copy; gone with it
         for p in fronts:
             p.start()
         listener.close()
-        print(f"simulserve: engine process pid {engine.pid}, front ends pid "
-              f"{', '.join(str(p.pid) for p in fronts)}", file=sys.stderr, flush=True)
-        procs = [engine] + fronts
+        print(f"simulserve: engine process{'es' * (count > 1)} pid {', '.join(str(p.pid) for p in engines)}, "
+              f"front ends pid {', '.join(str(p.pid) for p in fronts)}", file=sys.stderr, flush=True)
+        procs = engines + fronts
         while not stop:
             multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.5)
             gone = [p for p in procs if p.exitcode is not None]
@@ -90,7 +97,7 @@ def serve_workers(settings: ServerSettings) -> int:
                 break
     finally:
         _stop(fronts, STOP_FRONT_ENDS_S)
-        _stop([engine], STOP_ENGINE_S)
+        _stop(engines, STOP_ENGINE_S)
         for sig, handler in old.items():
             signal.signal(sig, handler)
         shutil.rmtree(where, ignore_errors=True)

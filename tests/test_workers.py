@@ -47,7 +47,7 @@ class WorkersServer(LiveServer):
     """`simulserve serve --workers N` in a subprocess on a free loopback port, its settings given as SIMULSERVE_*
     variables (LiveServer's defaults: float32 steps, no admission by headroom); LiveServer's interface."""
 
-    def __init__(self, workers: int = WORKERS, **settings):
+    def __init__(self, workers: int = WORKERS, engines: int = 1, **settings):
         settings.setdefault("step", "default")
         settings.setdefault("admission", False)
         self.port = free_port()
@@ -57,7 +57,8 @@ class WorkersServer(LiveServer):
                        if not k.startswith("SIMULSERVE_") or k == "SIMULSERVE_CACHE_DIR"},
                     "PYTHONPATH": str(ROOT),
                     **{f"SIMULSERVE_{k.upper()}": _env_value(v) for k, v in settings.items()}}
-        self.cmd = [sys.executable, "-m", "clients.cli", "serve", "--workers", str(workers), "--port", str(self.port),
+        self.cmd = [sys.executable, "-m", "clients.cli", "serve", "--workers", str(workers), "--engines", str(engines),
+                    "--port", str(self.port),
                     "--torch-threads", "1", "--log-level", "warning"]
 
     def __enter__(self):
@@ -78,8 +79,9 @@ class WorkersServer(LiveServer):
         else:
             self.proc.kill()
             raise RuntimeError(f"the server did not become healthy:\n{self.output()}")
-        m = re.search(r"engine process pid (\d+), front ends pid ([\d, ]+)", self.output())
-        self.engine_pid, self.front_pids = int(m.group(1)), [int(p) for p in m.group(2).split(",")]
+        m = re.search(r"engine process(?:es)? pid ([\d, ]+), front ends pid ([\d, ]+)", self.output())
+        self.engine_pids, self.front_pids = ([int(p) for p in m.group(i).split(",")] for i in (1, 2))
+        self.engine_pid = self.engine_pids[0]   # (the primary)
         return self
 
     def output(self) -> str:
@@ -102,7 +104,7 @@ class WorkersServer(LiveServer):
         assert code == 0 and "Traceback" not in out, out
 
     def pids(self) -> list[int]:
-        return [self.engine_pid] + self.front_pids
+        return self.engine_pids + self.front_pids
 
 
 def alive(pid: int) -> bool:

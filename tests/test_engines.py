@@ -1,0 +1,151 @@
+"""`simulserve serve --engines 2`: two engine processes behind the front ends behave as one process does, and
+share the streams.
+
+test_server.py's equivalence, fifty-stream, bad-input and disconnect tests and test_admission.py's flood run
+unchanged against a real `simulserve serve --workers 2 --engines 2` (test_workers.py's WorkersServer); the tests
+after them cover what only several engine processes have: streams spread over both, one /metrics and one
+/v1/models for the whole server, an engine process that dies, the routing order and the combined headroom.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+import test_admission as admission
+import test_server as single
+from conftest import ROOT
+from test_server import make_reference
+from test_workers import WorkersServer, alive
+
+ENGINES = 2
+
+
+@pytest.fixture(scope="module")
+def reference(trained):
+    return make_reference(trained)
+
+
+class TestServer:
+    """test_server.py: output equals `simulserve translate` per policy, 50 concurrent streams, bad input."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def server(cls, trained):
+        with WorkersServer(engines=ENGINES, models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
+                           rate_burst=10000) as srv:
+            yield srv
+
+    test_http_endpoints = staticmethod(single.test_http_endpoints)
+    test_stream_equals_translate = staticmethod(single.test_stream_equals_translate)
+    test_fifty_concurrent_streams = staticmethod(single.test_fifty_concurrent_streams)
+    test_bad_input_gets_codes_and_other_streams_carry_on = staticmethod(
+        single.test_bad_input_gets_codes_and_other_streams_carry_on)
+    test_disconnect_mid_sentence_frees_the_stream = staticmethod(single.test_disconnect_mid_sentence_frees_the_stream)
+
+    def test_streams_spread_over_both_engines_and_one_scrape_counts_them(self, server):
+        """Eight open streams: /v1/models shows each engine process holding some and all eight in all; their
+        words, stepped in two processes, add up in one /metrics."""
+        before = server.metric("simulserve_target_words_total", model="waitk")
+
+        async def main():
+            socks = [await connect(server.url) for _ in range(8)]
+            for ws in socks:
+                await ws.send(json.dumps({"type": "start", "model": "waitk", "k": 1}))
+                assert json.loads(await ws.recv())["type"] == "ready"
+            info = await asyncio.to_thread(lambda: httpx.get(server.http + "/v1/models").json())
+            words = 0
+            for ws in socks:
+                await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "haus"]}))
+                await ws.send(json.dumps({"type": "end_stream"}))
+                async for raw in ws:
+                    words += json.loads(raw)["type"] == "word"
+            return info, words
+
+        info, words = asyncio.run(main())
+        waitk = next(m for m in info["models"] if m["name"] == "waitk")
+        spread = [e["active_streams"] for e in waitk["engine_processes"]]
+        assert len(spread) == ENGINES and all(spread) and sum(spread) == 8 == waitk["active_streams"], spread
+        assert words > 0
+        assert server.wait_metric("simulserve_target_words_total", before + words, model="waitk") == before + words
+        assert server.metric("simulserve_models_loaded") == len(info["models"])   # the largest, not the sum
+        health = httpx.get(server.http + "/health").json()
+        assert health["status"] == "ok" and health["active_streams"] == 0
+
+
+class TestAdmission:
+    """test_admission.py's flood: each engine process admits by its own headroom (a front end tries the other
+    engine when one refuses); every client gets in on retry and writes what it writes alone."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def flood_server(cls, trained):
+        with WorkersServer(engines=ENGINES, models={"gma": str(trained["gma"])}, admission=True, delay_budget_ms=2,
+                           admission_retry_max_s=0.5, max_connections_per_ip=0, memory_trim_s=0.5) as srv:
+            yield srv
+
+    test_flood_admitted_streams_complete_unchanged_refused_get_server_busy = staticmethod(
+        admission.test_flood_admitted_streams_complete_unchanged_refused_get_server_busy)
+
+
+def test_an_engine_process_that_dies_stops_the_server(trained):
+    srv = WorkersServer(engines=ENGINES, models={"waitk": str(trained["waitk"])}).start()
+    try:
+        assert len(srv.engine_pids) == ENGINES
+        pid = srv.engine_pids[1]
+        os.kill(pid, signal.SIGKILL)
+        code = srv.proc.wait(30)
+        out = srv.output()
+    finally:
+        srv.stop()
+    assert code == 1, out
+    assert re.search(rf"the engine 2 process \(pid {pid}\) exited with code -9: stopping the server", out), out
+    assert not any(alive(p) for p in srv.pids())
+
+
+def test_a_new_stream_goes_to_the_engine_with_the_fewest():
+    from server.frontend import FrontEndState
+    front = FrontEndState.__new__(FrontEndState)
+    front.links, front.worker = [None] * 3, 1
+    front.streams_on = [0, 0, 0]
+    assert front.engine_order() == [1, 2, 0]          # ties: round from the front end's own number
+    front.worker = 2
+    assert front.engine_order()[0] == 2
+    front.streams_on = [4, 1, 3]
+    assert front.engine_order() == [1, 2, 0]          # the fewest first, then the next fewest
+
+
+def test_headroom_of_several_engines_adds_up_and_keeps_the_worst():
+    from server.admission import Headroom, combine
+
+    def part(streams, state, p99):
+        return Headroom(streams=streams, capacity=streams + 10, live=10, delay_budget_ms=100.0, state=state,
+                        p99_ms=p99, lag_p99_ms=p99, loop_p99_ms=None, rows_per_stream_s=4.0, demand_rows_s=40.0,
+                        max_demand_rows_s=90.0, cycle_ms=5.0, delay_in_cycles=3.0, busy=0.5)
+
+    one = part(7, "measured", 60.0)
+    assert combine([one]) is one
+    both = combine([one, part(3, "over_budget", None)])
+    assert (both.streams, both.capacity, both.live, both.demand_rows_s) == (10, 30, 20, 80.0)
+    assert both.state == "over_budget" and both.p99_ms == 60.0 and both.loop_p99_ms is None
+    assert combine([part(1, "cold", None), part(1, "cold", None)]).state == "cold"
+    assert combine([part(1, "cold", None), part(1, "measured", 9.0)]).state == "measured"
+
+
+def test_engines_setting_is_checked():
+    from server.settings import SettingsError, load_settings
+    assert load_settings().engines == 1
+    assert load_settings(engines=3).transport.engines == 3
+    with pytest.raises(SettingsError, match="engines"):
+        load_settings(engines=0)
+    run = subprocess.run([sys.executable, "-m", "clients.cli", "serve", "--ray", "--engines", "2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--replicas" in run.stderr, run.stderr
