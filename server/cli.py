@@ -217,9 +217,9 @@ def run(args) -> int:
         settings.torch_threads = max(1, ((os.cpu_count() or 2) - 1) // settings.transport.engines)
     if apart(settings):
         scheme = "wss" if settings.transport.ssl_certfile else "ws"
-        engines = settings.transport.engines
+        engines, fronts = settings.transport.engines, settings.transport.workers
         print(f"simulserve: serving {', '.join(served)} on {scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
-              f"({settings.transport.workers} front-end processes, {engines} engine process{'es' * (engines > 1)})",
+              f"({fronts} front-end process{'es' * (fronts > 1)}, {engines} engine process{'es' * (engines > 1)})",
               file=sys.stderr, flush=True)
         from server.workers import serve_workers
         return serve_workers(settings)

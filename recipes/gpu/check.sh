@@ -23,8 +23,8 @@
 # graph-replay tests against eager and the CPU, bench step with the default form (small and large batches), the
 # server's defaults at 1,000 and 2,000 speakers and flat out; no engine-alone run, no profile. FLAT_OUT=1 (with
 # QUICK or without) adds what the flat-out target needs to know: the engine alone flat out with the default and
-# with --overlap off, the server with --overlap off at NO_OVERLAP_LEVELS and flat out, and two engines alone at
-# once with half the streams each (175 s). Its budgets come
+# with --overlap off, the server with --overlap off at NO_OVERLAP_LEVELS and flat out, and the server with two
+# engine processes (--engines 2) at ENGINES_LEVELS and flat out (230 s). Its budgets come
 # from the H200 at d0771c7, where QUICK's earlier budgets cut three parts: the 20 graph tests took about 110 s,
 # bench step with three forms over 35 s a size (graphs-encoder alone 20 and 31 s), three ramp levels and the
 # flat-out rows over 110 s. PLAN=1: print each part and its budget, and their sum, and run nothing.
@@ -32,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${FLAT_OUT:-0}" = 1 ]; then   # the flat-out experiments, QUICK or not (a value given explicitly still wins)
   : "${BUDGET_ENGINE_FLAT:=35}" "${BUDGET_ENGINE_NO_OVERLAP:=35}" "${BUDGET_SERVER_NO_OVERLAP:=60}"
-  : "${BUDGET_TWO_ENGINES:=45}"
+  : "${BUDGET_SERVER_ENGINES:=100}"
 fi
 if [ "${QUICK:-0}" = 1 ]; then
   : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
@@ -81,6 +81,8 @@ BUDGET_ENGINE_BATCH512="${BUDGET_ENGINE_BATCH512:-0}"   # the same with jobs of 
 BUDGET_ENGINE_NO_OVERLAP="${BUDGET_ENGINE_NO_OVERLAP:-35}"   # the same with --overlap off: what overlapping jobs gives
 BUDGET_SERVER_NO_OVERLAP="${BUDGET_SERVER_NO_OVERLAP:-0}"   # the server's defaults with --overlap off, at NO_OVERLAP_LEVELS
 NO_OVERLAP_LEVELS="${NO_OVERLAP_LEVELS:-2000}"                #   and flat out
+BUDGET_SERVER_ENGINES="${BUDGET_SERVER_ENGINES:-0}"   # the server's defaults with --engines 2, at ENGINES_LEVELS and flat out
+ENGINES_LEVELS="${ENGINES_LEVELS:-2000,4000}"
 BUDGET_TWO_ENGINES="${BUDGET_TWO_ENGINES:-0}"   # two_engines.sh: two engines alone at once, half the streams each; 45 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
@@ -187,8 +189,15 @@ step "bench server, the server's defaults but --overlap off, no admission" "$BUD
   --levels "$NO_OVERLAP_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
   --skip soak --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_no_overlap.json"
 dmon_off no_overlap
-# two engine processes on the one GPU, flat out at once with half the streams each: whether the words one engine's
-# interpreter bounds add up (recipes/gpu/two_engines.sh)
+# the server with two engine processes on the one GPU (serve --engines 2): whether the words and speakers one
+# engine's interpreter bounds add up behind the same front ends (docs/server.md, several engine processes)
+dmon_on engines
+step "bench server, the server's defaults with --engines 2, no admission" "$BUDGET_SERVER_ENGINES" \
+  simulserve bench server --device $DEVICE --engines 2 --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$ENGINES_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
+  --skip soak --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_engines2.json"
+dmon_off engines
+# two engines alone (no server), flat out at once with half the streams each (recipes/gpu/two_engines.sh)
 step "two engines alone flat out at once on the one GPU, $((THROUGHPUT_STREAMS / 2)) streams each (recipes/gpu/two_engines.sh)" "$BUDGET_TWO_ENGINES" \
   env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" STREAMS="$THROUGHPUT_STREAMS" bash recipes/gpu/two_engines.sh "$DIR"
 # the same with a 0.5 ms switch interval (Python's is 5 ms): whether the engine thread's waits for the interpreter
