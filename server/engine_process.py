@@ -23,7 +23,7 @@ from server.ipc_messages import (Attach, Collect, Collected, Connect, Detach, Di
                                  Reply, Scrape, Status, StatusRequest, ToStream)
 from server.metrics_merge import snapshot
 from server.protocol import error
-from server.settings import ServerSettings, resolve_models
+from server.settings import ServerSettings, engine_device, resolve_models
 
 log = logging.getLogger("simulserve.engine_process")
 SCRAPE_WAIT_S = 2.0   # a front end that does not answer a scrape within this is left out of it
@@ -266,4 +266,9 @@ def main(settings: dict, listener: socket.socket, key: bytes, index: int = 0) ->
     from server.workers import child_logging
     child_logging(settings["log_level"], "engine" if settings["engines"] == 1 else f"engine {index + 1}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent stops it, after the front ends (SIGTERM)
+    import torch
+    device = engine_device(settings["device"], index, torch.cuda.device_count())
+    if device != settings["device"]:
+        log.info("engine process %d steps on %s", index + 1, device)
+    settings = {**settings, "device": device}
     asyncio.run(EngineProcess(ServerSettings.model_construct(**settings), listener, key, index).run())

@@ -293,7 +293,7 @@ def combined_info(parts: list[dict]) -> dict:
     if len(parts) == 1 or not all(parts):
         return parts[0]
     out = dict(parts[0], active_streams=sum(p["active_streams"] for p in parts),
-               engine_processes=[{"active_streams": p["active_streams"],
+               engine_processes=[{"device": p["device"], "active_streams": p["active_streams"],
                                   "overlapped_jobs": p["batching"]["overlapped_jobs"]} for p in parts])
     out["batching"] = dict(out["batching"], overlapped_jobs=sum(p["batching"]["overlapped_jobs"] for p in parts))
     return out

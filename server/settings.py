@@ -372,3 +372,12 @@ def front_end_processes(settings: ServerSettings, device_type: str | None = None
         device_type = pick_device(settings.serving.device).type
     cpus = cpus or os.cpu_count() or 1
     return 4 if device_type == "cuda" and cpus >= 8 else 1
+
+
+def engine_device(device: str, index: int, gpus: int) -> str:
+    """The device engine process `index` of `--engines N` steps on: a bare `cuda` (or `auto` where CUDA is) on a
+    machine with several GPUs spreads the engine processes over them in turn (engine 1 on cuda:0, 2 on cuda:1,
+    ...); a device named in full (`cuda:1`, `cpu`), or one GPU, is every engine's."""
+    if gpus > 1 and device in ("cuda", "auto"):
+        return f"cuda:{index % gpus}"
+    return device

@@ -74,6 +74,7 @@ class TestServer:
         waitk = next(m for m in info["models"] if m["name"] == "waitk")
         spread = [e["active_streams"] for e in waitk["engine_processes"]]
         assert len(spread) == ENGINES and all(spread) and sum(spread) == 8 == waitk["active_streams"], spread
+        assert {e["device"] for e in waitk["engine_processes"]} == {"cpu"}
         assert words > 0
         assert server.wait_metric("simulserve_target_words_total", before + words, model="waitk") == before + words
         assert server.metric("simulserve_models_loaded") == len(info["models"])   # the largest, not the sum
@@ -121,6 +122,15 @@ def test_a_new_stream_goes_to_the_engine_with_the_fewest():
     assert front.engine_order()[0] == 2
     front.streams_on = [4, 1, 3]
     assert front.engine_order() == [1, 2, 0]          # the fewest first, then the next fewest
+
+
+def test_engine_processes_spread_over_the_gpus_a_bare_cuda_names():
+    from server.settings import engine_device
+    assert [engine_device("cuda", i, 2) for i in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert engine_device("auto", 3, 4) == "cuda:3"
+    assert engine_device("cuda:1", 0, 4) == engine_device("cuda:1", 1, 4) == "cuda:1"   # named in full: that one
+    assert engine_device("cuda", 1, 1) == "cuda" and engine_device("auto", 1, 0) == "auto"
+    assert engine_device("cpu", 1, 4) == "cpu"
 
 
 def test_headroom_of_several_engines_adds_up_and_keeps_the_worst():
