@@ -4,15 +4,18 @@ share the streams.
 test_server.py's equivalence, fifty-stream, bad-input and disconnect tests and test_admission.py's flood run
 unchanged against a real `simulserve serve --workers 2 --engines 2` (test_workers.py's WorkersServer); the tests
 after them cover what only several engine processes have: streams spread over both, one /metrics and one
-/v1/models for the whole server, an engine process that dies, the routing order and the combined headroom.
+/v1/models for the whole server, an engine process that dies, the routing order and the spill-over of a refused
+stream, the spreading over GPUs and the combined headroom.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -159,3 +162,60 @@ def test_engines_setting_is_checked():
     run = subprocess.run([sys.executable, "-m", "clients.cli", "serve", "--ray", "--engines", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--replicas" in run.stderr, run.stderr
+
+
+def test_a_refused_stream_is_tried_on_the_next_engine_and_counted_where_it_lands():
+    """RemoteSession._attach over real links (server/ipc.py on socket pairs) to two stand-in engine processes
+    whose admission answers are set by the test: the least loaded is asked first, a refusal sends the stream to
+    the next, all refusing gives the client the last refusal, and each front end's counts follow."""
+    from types import SimpleNamespace
+
+    from server.frontend import FrontEndState, RemoteEngine, RemoteSession
+    from server.ipc import Link
+    from server.ipc_messages import Attach, Detach, Reply
+    from server.protocol import error
+
+    async def main():
+        busy = error("server_busy", "full", retry_after=1.0)
+        verdicts = [None, None]          # what each engine answers the next Attach
+        asked, detached = [], []
+        front_links, tasks = [], []
+        for i in range(2):
+            a, b = socket.socketpair()
+            front_links.append(Link(*await asyncio.open_connection(sock=a)))
+            engine_link = Link(*await asyncio.open_connection(sock=b))
+
+            def handle(m, i=i, link=engine_link):
+                if type(m) is Attach:
+                    asked.append(i)
+                    link.send(Reply(m.req, verdicts[i]))
+                elif type(m) is Detach:
+                    detached.append((i, m.stream))
+            tasks += [asyncio.create_task(engine_link.serve(handle)),
+                      asyncio.create_task(front_links[-1].serve(lambda m: None))]
+        front = FrontEndState.__new__(FrontEndState)
+        front.links, front.worker, front.streams_on = front_links, 2, [0, 0]
+        front.streams, front.stream_ids = {}, itertools.count(1)
+        session = RemoteSession.__new__(RemoteSession)
+        session.srv, session.conn = front, 7
+        model = RemoteEngine.__new__(RemoteEngine)
+        model.name, model.front = "waitk", front
+        msg = SimpleNamespace(k=2, delta=None)
+
+        h1, refused = await session._attach(model, None, msg)        # ties: from the front end's number
+        assert refused is None and h1.engine == 0 and asked == [0] and front.streams_on == [1, 0]
+        verdicts[1] = busy                                            # the least loaded refuses: the next admits
+        h2, refused = await session._attach(model, None, msg)
+        assert refused is None and h2.engine == 0 and asked[1:] == [1, 0] and front.streams_on == [2, 0]
+        verdicts[0] = busy                                            # both refuse: the client hears it
+        h3, refused = await session._attach(model, None, msg)
+        assert h3 is None and refused["code"] == "server_busy" and asked[3:] == [1, 0]
+        assert front.streams_on == [2, 0] and set(front.streams) == {h1.id, h2.id}
+        model.detach(h1)
+        await asyncio.sleep(0.05)
+        assert front.streams_on == [1, 0] and detached == [(0, h1.id)]
+        for link in front_links:
+            link.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
