@@ -85,7 +85,9 @@ class ServerState:
                 # loading and packing the weights is model work: off the event loop
                 options = DecodingOptions(no_repeat_ngram=serving.no_repeat_ngram, early_eos=serving.early_eos,
                                           no_stutter=serving.no_stutter)
-                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, serving.step, options)
+                form = await self.step_form_for(name)
+                decoder = await asyncio.to_thread(_load_decoder, path, device, dtype, form, options)
+                self.form_chosen(name, decoder.form.name)
                 if decoder.choice is not None:
                     c = decoder.choice
                     log.info("model %s: step form %s chosen by %s on %s: %s\n%s", name, c.form,
@@ -121,6 +123,13 @@ class ServerState:
         self.settled.set()
         await asyncio.gather(self._watch_load_forever(),
                              *([self._trim_memory_forever(serving.memory_trim_s)] if serving.memory_trim_s > 0 else []))
+
+    async def step_form_for(self, name: str) -> str:
+        """The step form to load model `name` in (`auto`: chosen by timing as the decoder is made)."""
+        return self.settings.serving.step
+
+    def form_chosen(self, name: str, form: str) -> None:
+        """Model `name`'s decoder runs `form` (the engine processes of `--engines N` share the first one's)."""
 
     async def _watch_load_forever(self) -> None:
         """The event loop's lateness (it reads every stream's input and sends its words, so it adds to every

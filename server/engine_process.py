@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import logging
+import os
 import signal
 import socket
+import time
 
 from server.app import ServerState, connect_refusal
 from server.engine import EndSentence, EndStream, ModelEngine, PushWords, StreamHandle
@@ -41,8 +44,50 @@ class ProcessEngine(ModelEngine):
                 h.out.read_changed(h.read)
 
 
+FORMS_FILE = "step_forms.json"    # in the server's private directory (server/workers.py)
+FORMS_WAIT_S = 900.0             # the primary's loading: timing the forms on a slow CPU, capturing graphs
+
+
 class EngineState(ServerState):
+    """ServerState in an engine process. With `--engines N` and the step form `auto`, every engine process runs
+    the form the primary chose by timing, model by model (a form of its own, timed while the others load too,
+    could differ, and a stream's words would then depend on the engine it landed on): the primary writes each
+    choice to FORMS_FILE, the others wait for it."""
     engine_class = ProcessEngine
+
+    def __init__(self, settings: ServerSettings, checkpoints, index: int = 0, shared_dir: str | None = None):
+        super().__init__(settings, checkpoints)
+        self.index = index
+        self.forms_path = (os.path.join(shared_dir, FORMS_FILE)
+                           if shared_dir and settings.transport.engines > 1 and settings.serving.step == "auto"
+                           else None)
+
+    async def step_form_for(self, name: str) -> str:
+        if self.forms_path is None or self.index == 0:
+            return await super().step_form_for(name)
+        deadline = time.monotonic() + FORMS_WAIT_S
+        while (form := _read_forms(self.forms_path).get(name)) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"engine process 1 chose no step form for model {name} within {FORMS_WAIT_S:g} s")
+            await asyncio.sleep(0.1)
+        log.info("model %s: step form %s, as engine process 1 chose it", name, form)
+        return form
+
+    def form_chosen(self, name: str, form: str) -> None:
+        if self.forms_path is not None and self.index == 0:
+            forms = {**_read_forms(self.forms_path), name: form}
+            tmp = self.forms_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(forms, f)
+            os.replace(tmp, self.forms_path)   # (whole or not at all, for the readers)
+
+
+def _read_forms(path: str) -> dict[str, str]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
 
 
 class Outbox:
@@ -101,8 +146,9 @@ class EngineProcess:
     (Connect, Disconnect: max_streams, the per-address limits) and gathers the front ends' metrics; every one
     steps the streams that started on it."""
 
-    def __init__(self, settings: ServerSettings, listener: socket.socket, key: bytes, index: int = 0):
-        self.srv = EngineState(settings, resolve_models(settings))
+    def __init__(self, settings: ServerSettings, listener: socket.socket, key: bytes, index: int = 0,
+                 shared_dir: str | None = None):
+        self.srv = EngineState(settings, resolve_models(settings), index, shared_dir)
         self.listener, self.key, self.index = listener, key, index
         self.fronts: dict[int, FrontEnd] = {}
         self._numbers = itertools.count(1)
@@ -261,8 +307,9 @@ class EngineProcess:
             fut.set_result(None)
 
 
-def main(settings: dict, listener: socket.socket, key: bytes, index: int = 0) -> None:
-    """An engine process (spawned by server/workers.py); `index` numbers it among `--engines N` (0: the primary)."""
+def main(settings: dict, listener: socket.socket, key: bytes, index: int = 0, shared_dir: str | None = None) -> None:
+    """An engine process (spawned by server/workers.py); `index` numbers it among `--engines N` (0: the primary);
+    `shared_dir`: the server's private directory (the primary's step forms)."""
     from server.workers import child_logging
     child_logging(settings["log_level"], "engine" if settings["engines"] == 1 else f"engine {index + 1}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent stops it, after the front ends (SIGTERM)
@@ -271,4 +318,4 @@ def main(settings: dict, listener: socket.socket, key: bytes, index: int = 0) ->
     if device != settings["device"]:
         log.info("engine process %d steps on %s", index + 1, device)
     settings = {**settings, "device": device}
-    asyncio.run(EngineProcess(ServerSettings.model_construct(**settings), listener, key, index).run())
+    asyncio.run(EngineProcess(ServerSettings.model_construct(**settings), listener, key, index, shared_dir).run())

@@ -65,7 +65,7 @@ def serve_workers(settings: ServerSettings) -> int:
     key = os.urandom(32)                                 # handed to the children through spawn, never on disk
     config = settings.model_dump()
     ctx = multiprocessing.get_context("spawn")           # torch and threads do not survive fork
-    engines = [ctx.Process(target=engine_main, args=(config, sock, key, i),
+    engines = [ctx.Process(target=engine_main, args=(config, sock, key, i, where),
                            name="engine" if count == 1 else f"engine {i + 1}") for i, sock in enumerate(engine_socks)]
     fronts = [ctx.Process(target=frontend_main, args=(config, listener, paths, key, i + 1), name=f"front end {i + 1}")
               for i in range(settings.transport.workers)]

@@ -26,7 +26,8 @@ from websockets.asyncio.client import connect
 import test_admission as admission
 import test_server as single
 from conftest import ROOT
-from test_server import make_reference
+from test_server import make_reference, talk
+from test_server_limits import START, TAIL
 from test_workers import WorkersServer, alive
 
 ENGINES = 2
@@ -98,6 +99,18 @@ class TestAdmission:
 
     test_flood_admitted_streams_complete_unchanged_refused_get_server_busy = staticmethod(
         admission.test_flood_admitted_streams_complete_unchanged_refused_get_server_busy)
+
+
+def test_with_step_auto_every_engine_runs_the_form_the_first_one_timed(trained):
+    """`auto` times the forms in engine process 1 only; the others load the model in the form it chose (timed in
+    each, the choices could differ, and a stream's words with them)."""
+    with WorkersServer(engines=ENGINES, step="auto", models={"waitk": str(trained["waitk"])}) as srv:
+        waitk = httpx.get(srv.http + "/v1/models").json()["models"][0]
+        engines = waitk["engine_processes"]
+        assert [e["step_form_timed"] for e in engines] == [True, False], engines
+        assert {e["step_form"] for e in engines} == {waitk["step_form"]["choice"]["form"]}, engines
+        received, code = asyncio.run(talk(srv.url, [START] + TAIL))
+        assert code == 1000 and any(m["type"] == "word" for m in received)
 
 
 def test_an_engine_process_that_dies_stops_the_server(trained):
