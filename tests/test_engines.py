@@ -4,7 +4,7 @@ share the streams.
 test_server.py's equivalence, fifty-stream, bad-input and disconnect tests and test_admission.py's flood run
 unchanged against a real `simulserve serve --workers 2 --engines 2` (test_workers.py's WorkersServer); the tests
 after them cover what only several engine processes have: streams spread over both, one /metrics and one
-/v1/models for the whole server, an engine process that dies, the routing order and the spill-over of a refused
+/v1/models for the whole server, one step form, the routing order and the spill-over of a refused
 stream, the spreading over GPUs and the combined headroom.
 """
 from __future__ import annotations
@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -23,37 +20,19 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-import test_admission as admission
-import test_server as single
+import test_workers as workers
 from conftest import ROOT
-from test_server import make_reference, talk
+from test_server import talk
 from test_server_limits import START, TAIL
-from test_workers import WorkersServer, alive
+from test_workers import WorkersServer, reference  # noqa: F401 - (reference: a fixture TestServer uses)
 
 ENGINES = 2
 
 
-@pytest.fixture(scope="module")
-def reference(trained):
-    return make_reference(trained)
-
-
-class TestServer:
-    """test_server.py: output equals `simulserve translate` per policy, 50 concurrent streams, bad input."""
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def server(cls, trained):
-        with WorkersServer(engines=ENGINES, models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
-                           rate_burst=10000) as srv:
-            yield srv
-
-    test_http_endpoints = staticmethod(single.test_http_endpoints)
-    test_stream_equals_translate = staticmethod(single.test_stream_equals_translate)
-    test_fifty_concurrent_streams = staticmethod(single.test_fifty_concurrent_streams)
-    test_bad_input_gets_codes_and_other_streams_carry_on = staticmethod(
-        single.test_bad_input_gets_codes_and_other_streams_carry_on)
-    test_disconnect_mid_sentence_frees_the_stream = staticmethod(single.test_disconnect_mid_sentence_frees_the_stream)
+class TestServer(workers.TestServer):
+    """test_workers.py's: test_server.py's endpoints, equivalence per policy, fifty streams, bad input,
+    disconnect, against --engines 2."""
+    engines = ENGINES
 
     def test_streams_spread_over_both_engines_and_one_scrape_counts_them(self, server):
         """Eight open streams: /v1/models shows each engine process holding some and all eight in all; their
@@ -86,19 +65,10 @@ class TestServer:
         assert health["status"] == "ok" and health["active_streams"] == 0
 
 
-class TestAdmission:
+class TestAdmission(workers.TestAdmission):
     """test_admission.py's flood: each engine process admits by its own headroom (a front end tries the other
     engine when one refuses); every client gets in on retry and writes what it writes alone."""
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def flood_server(cls, trained):
-        with WorkersServer(engines=ENGINES, models={"gma": str(trained["gma"])}, admission=True, delay_budget_ms=2,
-                           admission_retry_max_s=0.5, max_connections_per_ip=0, memory_trim_s=0.5) as srv:
-            yield srv
-
-    test_flood_admitted_streams_complete_unchanged_refused_get_server_busy = staticmethod(
-        admission.test_flood_admitted_streams_complete_unchanged_refused_get_server_busy)
+    engines = ENGINES
 
 
 def test_with_step_auto_every_engine_runs_the_form_the_first_one_timed(trained):
@@ -111,21 +81,6 @@ def test_with_step_auto_every_engine_runs_the_form_the_first_one_timed(trained):
         assert {e["step_form"] for e in engines} == {waitk["step_form"]["choice"]["form"]}, engines
         received, code = asyncio.run(talk(srv.url, [START] + TAIL))
         assert code == 1000 and any(m["type"] == "word" for m in received)
-
-
-def test_an_engine_process_that_dies_stops_the_server(trained):
-    srv = WorkersServer(engines=ENGINES, models={"waitk": str(trained["waitk"])}).start()
-    try:
-        assert len(srv.engine_pids) == ENGINES
-        pid = srv.engine_pids[1]
-        os.kill(pid, signal.SIGKILL)
-        code = srv.proc.wait(30)
-        out = srv.output()
-    finally:
-        srv.stop()
-    assert code == 1, out
-    assert re.search(rf"the engine 2 process \(pid {pid}\) exited with code -9: stopping the server", out), out
-    assert not any(alive(p) for p in srv.pids())
 
 
 def test_a_new_stream_goes_to_the_engine_with_the_fewest():

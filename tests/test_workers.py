@@ -123,12 +123,13 @@ def reference(trained):
 # ---------------------------------------------------------------- the existing tests, against --workers 2
 class TestServer:
     """test_server.py: output equals `simulserve translate` per policy, 50 concurrent streams, bad input."""
+    engines = 1   # (test_engines.py runs the same with 2)
 
     @pytest.fixture(scope="class")
     @classmethod
     def server(cls, trained):
-        with WorkersServer(models={p: str(path) for p, path in trained.items()}, rate_limit=10000,
-                           rate_burst=10000) as srv:
+        with WorkersServer(engines=cls.engines, models={p: str(path) for p, path in trained.items()},
+                           rate_limit=10000, rate_burst=10000) as srv:
             yield srv
 
     test_http_endpoints = staticmethod(single.test_http_endpoints)
@@ -211,10 +212,12 @@ class TestAdmission:
     """test_admission.py: a flood; the engine process refuses with server_busy, every client gets in on retry
     and writes what it writes alone; /health stays up."""
 
+    engines = 1
+
     @pytest.fixture(scope="class")
     @classmethod
     def flood_server(cls, trained):
-        with WorkersServer(models={"gma": str(trained["gma"])}, admission=True, delay_budget_ms=2,
+        with WorkersServer(engines=cls.engines, models={"gma": str(trained["gma"])}, admission=True, delay_budget_ms=2,
                            admission_retry_max_s=0.5, max_connections_per_ip=0, memory_trim_s=0.5) as srv:
             yield srv
 
@@ -281,11 +284,13 @@ def test_one_scrape_shows_the_whole_server(trained):
         assert httpx.get(srv.http + "/health").json()["active_streams"] == 0
 
 
-@pytest.mark.parametrize("victim", ["engine", "front end"])
-def test_a_process_that_dies_stops_the_server(trained, victim):
-    srv = WorkersServer(models={"waitk": str(trained["waitk"])}).start()
+@pytest.mark.parametrize("victim, engines", [("engine", 1), ("front end", 1), ("engine 2", 2)])
+def test_a_process_that_dies_stops_the_server(trained, victim, engines):
+    """Any one process killed (with --engines 2: the second engine process) stops the whole server with its line."""
+    srv = WorkersServer(engines=engines, models={"waitk": str(trained["waitk"])}).start()
     try:
-        pid = srv.engine_pid if victim == "engine" else srv.front_pids[0]
+        assert len(srv.engine_pids) == engines
+        pid = srv.engine_pids[-1] if victim.startswith("engine") else srv.front_pids[0]
         os.kill(pid, signal.SIGKILL)
         code = srv.proc.wait(30)
         out = srv.output()
