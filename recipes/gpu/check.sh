@@ -81,8 +81,10 @@ BUDGET_ENGINE_BATCH512="${BUDGET_ENGINE_BATCH512:-0}"   # the same with jobs of 
 BUDGET_ENGINE_NO_OVERLAP="${BUDGET_ENGINE_NO_OVERLAP:-35}"   # the same with --overlap off: what overlapping jobs gives
 BUDGET_SERVER_NO_OVERLAP="${BUDGET_SERVER_NO_OVERLAP:-0}"   # the server's defaults with --overlap off, at NO_OVERLAP_LEVELS
 NO_OVERLAP_LEVELS="${NO_OVERLAP_LEVELS:-2000}"                #   and flat out
-BUDGET_SERVER_ENGINES="${BUDGET_SERVER_ENGINES:-0}"   # the server's defaults with --engines 2, at ENGINES_LEVELS and flat out
-ENGINES_LEVELS="${ENGINES_LEVELS:-2000}"   # one level: the flat-out row (after the ramp) must fit the budget
+BUDGET_SERVER_ENGINES="${BUDGET_SERVER_ENGINES:-0}"   # the server's defaults with --engines ENGINES, at ENGINES_LEVELS and flat out
+ENGINES="${ENGINES:-2}"
+ENGINES_LEVELS="${ENGINES_LEVELS:-2000}"   # one level: the flat-out row (after the ramp) must fit the budget; none: flat out only
+if [ "$ENGINES_LEVELS" = none ]; then ENGINES_PHASES=(--skip ramp,soak); else ENGINES_PHASES=(--levels "$ENGINES_LEVELS" --level-seconds 8 --skip soak); fi
 BUDGET_TWO_ENGINES="${BUDGET_TWO_ENGINES:-0}"   # two_engines.sh: two engines alone at once, half the streams each; 45 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
@@ -190,12 +192,13 @@ step "bench server, the server's defaults but --overlap off, no admission" "$BUD
   --skip soak --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_no_overlap.json"
 dmon_off no_overlap
 # the server with two engine processes on the one GPU (serve --engines 2): whether the words and speakers one
-# engine's interpreter bounds add up behind the same front ends (docs/server.md, several engine processes)
+# engine's interpreter bounds add up behind the same front ends (docs/server.md, several engine processes);
+# a follow-up command can try more: ENGINES=3 ENGINES_LEVELS=none BUDGET_SERVER_ENGINES=60 (flat out only)
 dmon_on engines
-step "bench server, the server's defaults with --engines 2, no admission" "$BUDGET_SERVER_ENGINES" \
-  simulserve bench server --device $DEVICE --engines 2 --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
-  --levels "$ENGINES_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
-  --skip soak --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_engines2.json"
+step "bench server, the server's defaults with --engines $ENGINES, no admission" "$BUDGET_SERVER_ENGINES" \
+  simulserve bench server --device $DEVICE --engines "$ENGINES" --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  "${ENGINES_PHASES[@]}" --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_engines$ENGINES.json"
 dmon_off engines
 # two engines alone (no server), flat out at once with half the streams each (recipes/gpu/two_engines.sh)
 step "two engines alone flat out at once on the one GPU, $((THROUGHPUT_STREAMS / 2)) streams each (recipes/gpu/two_engines.sh)" "$BUDGET_TWO_ENGINES" \
