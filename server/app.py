@@ -99,7 +99,7 @@ class ServerState:
                                   max_output_messages=limits.max_output_messages,
                                   admission=Admission(delay_budget_ms=headroom.delay_budget_ms, quiet_s=headroom.admission_quiet_s,
                                                       retry_max_s=headroom.admission_retry_max_s, enabled=headroom.admission),
-                                  capacity=limits.max_streams,
+                                  capacity=self.stream_capacity(),
                                   overlap={"auto": None, "on": True, "off": False}[batching.overlap])
                 await eng.start()   # (the graphs form captures here, before the warm-up and before ready)
                 if serving.warmup:
@@ -123,6 +123,10 @@ class ServerState:
         self.settled.set()
         await asyncio.gather(self._watch_load_forever(),
                              *([self._trim_memory_forever(serving.memory_trim_s)] if serving.memory_trim_s > 0 else []))
+
+    def stream_capacity(self) -> int:
+        """The streams each model's engine holds cache for (the graphs forms allocate it all at start-up)."""
+        return self.settings.limits.max_streams
 
     async def step_form_for(self, name: str) -> str:
         """The step form to load model `name` in (`auto`: chosen by timing as the decoder is made)."""

@@ -170,7 +170,7 @@ class ModelEngine:
                 "decoding": dataclasses.asdict(self.dec.options),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000,
                              "overlap": self.overlap, "overlapped_jobs": self.overlapped},
-                "active_streams": len(self.handles)}
+                "active_streams": len(self.handles), "max_streams": self.capacity}
 
     # ---- handler API (event loop) ------------------------------------------------
     def policy_for(self, k, delta) -> Policy:
@@ -434,6 +434,12 @@ class ModelEngine:
     def admit(self) -> dict | None:
         """Whether a new stream may start (before `attach`): None, or the `server_busy` error to send it.
         Streams already admitted are never dropped or slowed for it."""
+        if self.dec.pool.fixed and len(self.handles) >= self.capacity:
+            # (the graphs forms' pool: a stream holds at most one slot, and a detached one's slot is freed before
+            # any new stream's first step. One process never gets here: max_streams counts first. With
+            # --engines N each engine's pool holds its share, and a front end tries the next engine)
+            return _error("server_busy", f"model {self.name}: all {self.capacity} stream slots of this engine "
+                          "process are taken; try again in 1 s", retry_after=1.0)
         wait = self.admission.admit()
         if wait is None:
             return None

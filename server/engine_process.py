@@ -62,6 +62,12 @@ class EngineState(ServerState):
                            if shared_dir and settings.transport.engines > 1 and settings.serving.step == "auto"
                            else None)
 
+    def stream_capacity(self) -> int:
+        """Each engine process's share of max_streams, rounded up: the shares add up to at least max_streams, and
+        a front end tries the next engine where one is full, so none is refused while max_streams allows it."""
+        engines = self.settings.transport.engines
+        return -(-self.settings.limits.max_streams // engines)
+
     async def step_form_for(self, name: str) -> str:
         if self.forms_path is None or self.index == 0:
             return await super().step_form_for(name)

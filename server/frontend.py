@@ -293,9 +293,11 @@ def combined_info(parts: list[dict]) -> dict:
     if len(parts) == 1 or not all(parts):
         return parts[0]
     out = dict(parts[0], active_streams=sum(p["active_streams"] for p in parts),
+               max_streams=sum(p["max_streams"] for p in parts),
                engine_processes=[{"device": p["device"], "step_form": p["step_form"]["name"],
                                   "step_form_timed": "choice" in p["step_form"],   # (else given: the setting,
                                   "active_streams": p["active_streams"],           # or engine 1's choice)
+                                  "max_streams": p["max_streams"],
                                   "overlapped_jobs": p["batching"]["overlapped_jobs"]} for p in parts])
     out["batching"] = dict(out["batching"], overlapped_jobs=sum(p["batching"]["overlapped_jobs"] for p in parts))
     return out

@@ -187,3 +187,59 @@ def test_a_refused_stream_is_tried_on_the_next_engine_and_counted_where_it_lands
         await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(main())
+
+
+def test_each_engine_holds_its_share_of_max_streams(trained):
+    """--engines 2 with max_streams 4 and the graphs form (fixed shapes, run eagerly on the CPU): each engine
+    process's cache pool holds 2 streams, not 4; four streams at once all translate, the fifth is server_full."""
+    with WorkersServer(workers=1, engines=ENGINES, step="graphs", max_streams=4,
+                       models={"waitk": str(trained["waitk"])}) as srv:
+        waitk = httpx.get(srv.http + "/v1/models").json()["models"][0]
+        assert [e["max_streams"] for e in waitk["engine_processes"]] == [2, 2] and waitk["max_streams"] == 4
+        assert waitk["graphs"]["replayed"] is False   # (the CPU: the captured shapes run eagerly)
+
+        async def main():
+            socks = [await connect(srv.url) for _ in range(4)]
+            for ws in socks:
+                await ws.send(json.dumps({"type": "start", "model": "waitk", "k": 1}))
+                assert json.loads(await ws.recv())["type"] == "ready"
+            extra = await talk(srv.url, [START] + TAIL)
+            words = []
+            for ws in socks:
+                await ws.send(json.dumps({"type": "words", "words": ["haus", "baum"]}))
+                await ws.send(json.dumps({"type": "end_stream"}))
+                words.append(len([raw async for raw in ws if json.loads(raw)["type"] == "word"]))
+            return extra, words
+
+        (extra, code), words = asyncio.run(main())
+        assert all(words), words
+        assert [m["code"] for m in extra if m["type"] == "error"] == ["server_full"]
+
+
+def test_a_full_engine_refuses_a_new_stream_until_one_leaves(trained):
+    """ModelEngine.admit with the graphs form's fixed pool: at `capacity` streams the next gets server_busy (a
+    front end then tries the next engine process); once one leaves, a stream may start."""
+    from conftest import decoder_from
+    from server.admission import Admission
+    from server.engine import ModelEngine
+    from server.metrics import Metrics
+    from models.step import StreamingDecoder
+
+    async def main():
+        base = decoder_from(trained["waitk"])
+        dec = StreamingDecoder(base.model, base.tok, form="graphs")
+        eng = ModelEngine("waitk", dec, metrics=Metrics(), capacity=2, max_batch=2, admission=Admission(enabled=False))
+        await eng.start()
+        try:
+            handles = []
+            for _ in range(2):
+                assert eng.admit() is None
+                handles.append(eng.attach(eng.policy_for(1, None), asyncio.Queue()))
+            busy = eng.admit()
+            assert busy["code"] == "server_busy" and busy["retry_after"] == 1.0
+            eng.detach(handles[0])
+            assert eng.admit() is None
+        finally:
+            await eng.stop()
+
+    asyncio.run(main())
