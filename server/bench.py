@@ -725,6 +725,10 @@ async def _main(args, base) -> int:
           + (f" ({form['choice']['reason']})" if form.get("choice") else ""))
     if model.get("graphs"):
         print(capture_line(model["graphs"]))
+    if model.get("engine_processes"):   # (serve --engines N)
+        engines = model["engine_processes"]
+        print(f"engine processes: {len(engines)} (" + "; ".join(
+            f"{e['device']}, {e['step_form']}, {e['max_streams']} streams" for e in engines) + ")")
     pool = None
     if args.client_procs > 1 and ({"ramp", "throughput", "soak"} - skip or args.overload):
         print(f"clients: spread over {args.client_procs} client processes", flush=True)

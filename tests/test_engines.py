@@ -243,3 +243,21 @@ def test_a_full_engine_refuses_a_new_stream_until_one_leaves(trained):
             await eng.stop()
 
     asyncio.run(main())
+
+
+def test_bench_server_starts_its_server_with_engines_and_says_so(trained, tmp_path):
+    """`bench server --engines 2` passes the setting to the server it starts, names the engine processes in its
+    header and measures words through both."""
+    source = tmp_path / "src.de"
+    source.write_text("haus baum haus\nbaum haus\n")
+    r = subprocess.run([sys.executable, "-m", "clients.cli", "bench", "server", "--checkpoint", str(trained["waitk"]),
+                        "--device", "cpu", "--step", "default", "--engines", "2", "--no-admission", "--input",
+                        str(source), "--skip", "ramp,soak", "--throughput-streams", "8", "--throughput-seconds", "2",
+                        "--json", str(tmp_path / "out.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "engine processes: 2 (cpu, default, " in r.stdout, r.stdout
+    assert "2 engine processes" in r.stderr, r.stderr
+    rows = json.loads((tmp_path / "out.json").read_text())
+    assert len(rows["model"]["engine_processes"]) == 2
+    assert rows["throughput"]["rows"][0]["target_words_per_s"] > 0
