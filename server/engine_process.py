@@ -5,7 +5,9 @@ It runs what one process runs (server/app.py `ServerState`: loading, warm-up, th
 admission by headroom, memory trimming) but no websocket: its event loop only reads the front ends' messages
 (server/ipc_messages.py), hands their commands to the engines and sends each job's events back, one message
 per front end. The stream count, the per-address limits and the admission decisions live here, so they are
-the server's, whichever front end a client reached.
+the server's, whichever front end a client reached. With `--engines N` there are N of them
+(docs/server.md#several-engine-processes---engines-n): the first counts the connections, each admits and steps
+its own streams.
 """
 from __future__ import annotations
 
@@ -155,7 +157,7 @@ class EngineProcess:
     def __init__(self, settings: ServerSettings, listener: socket.socket, key: bytes, index: int = 0,
                  shared_dir: str | None = None):
         self.srv = EngineState(settings, resolve_models(settings), index, shared_dir)
-        self.listener, self.key, self.index = listener, key, index
+        self.listener, self.key = listener, key
         self.fronts: dict[int, FrontEnd] = {}
         self._numbers = itertools.count(1)
         self._scrapes: dict[int, tuple[set[int], list, asyncio.Future]] = {}
