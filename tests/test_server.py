@@ -35,6 +35,7 @@ LONG = [s for s, _ in make_pairs(4, min_len=12, max_len=20, seed=12)]
 
 class LiveServer:
     """`create_app` served by uvicorn in a thread, on a free loopback port."""
+    engines = 1   # engine processes (test_workers.py's WorkersServer: serve --engines)
 
     def __init__(self, **settings):
         # float32 unless a test asks for another form: the tests compare with float32 decoders

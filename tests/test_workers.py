@@ -50,6 +50,7 @@ class WorkersServer(LiveServer):
     def __init__(self, workers: int = WORKERS, engines: int = 1, **settings):
         settings.setdefault("step", "default")
         settings.setdefault("admission", False)
+        self.engines = engines
         self.port = free_port()
         self.http = f"http://127.0.0.1:{self.port}"
         self.url = f"ws://127.0.0.1:{self.port}/v1/stream"
