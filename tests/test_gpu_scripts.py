@@ -271,3 +271,39 @@ def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):
     mine, _ = plan(QUICK="1", BUDGET_PROFILE="70")
     assert any("profile" in name and budget == 70 for name, budget in mine.items())
     assert not (tmp_path / "out").exists()   # nothing ran, nothing was written
+
+
+def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tmp_path):
+    """BUDGET_SERVER_ENGINES_MPS: the --engines server again under NVIDIA's MPS. MPS cannot run here, so a
+    stand-in `nvidia-cuda-mps-control` on PATH records how the check calls it: started (-d) before that part only,
+    with its pipe and log folders in the environment the server inherits, and told to quit after it; where the
+    command is missing the report says so and the part runs without it."""
+    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    calls = tmp_path / "calls.txt"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -d ] && what=start || what="$(cat)"\n'
+                    f'echo "$what $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> {calls}\n')
+    fake.chmod(0o755)
+    budgets = {f"BUDGET_{p}": "0" for p in ("TESTS", "STEP", "SERVER", "ENGINE_FLAT", "ENGINE_NO_OVERLAP", "PROFILE")}
+
+    def check(path, **env):
+        out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+        r = subprocess.run(["bash", str(GPU / "check.sh")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out),
+                                "PATH": path, **budgets, **env})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return (out / "gpu_check.md").read_text()
+
+    report = check(f"{fake.parent}:{os.environ['PATH']}", BUDGET_SERVER_ENGINES_MPS="1")
+    started, stopped = calls.read_text().splitlines()
+    assert started.startswith("start /") and stopped.startswith("quit /")
+    assert started.split()[1:] == stopped.split()[1:]                  # the same daemon's pipes
+    assert started.split()[1].endswith("/pipe") and started.split()[2].endswith("/log")
+    part = report.split("under MPS, no admission", 1)[1]
+    assert "MPS: control daemon started" in report.split("under MPS", 1)[0] and "MPS: control daemon stopped" in part
+    assert "stopped at its budget of 1 s" in part                     # (the server itself: cut off at its second)
+    calls.unlink()
+    assert "MPS:" not in check(f"{fake.parent}:{os.environ['PATH']}")   # budget 0: no daemon, nothing said
+    assert not calls.exists()
+    missing = check(os.environ["PATH"], BUDGET_SERVER_ENGINES_MPS="1")
+    assert "MPS: nvidia-cuda-mps-control is not on this machine" in missing

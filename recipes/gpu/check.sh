@@ -85,6 +85,9 @@ BUDGET_SERVER_ENGINES="${BUDGET_SERVER_ENGINES:-0}"   # the server's defaults wi
 ENGINES="${ENGINES:-2}"
 ENGINES_LEVELS="${ENGINES_LEVELS:-2000}"   # one level: the flat-out row (after the ramp) must fit the budget; none: flat out only
 if [ "$ENGINES_LEVELS" = none ]; then ENGINES_PHASES=(--skip ramp,soak); else ENGINES_PHASES=(--levels "$ENGINES_LEVELS" --level-seconds 8 --skip soak); fi
+# the same server with the engine processes' kernels run at once under NVIDIA's MPS (a control daemon started for
+# that part alone, stopped after it; without MPS their CUDA contexts take turns on the GPU); 100 runs it
+BUDGET_SERVER_ENGINES_MPS="${BUDGET_SERVER_ENGINES_MPS:-0}"
 BUDGET_TWO_ENGINES="${BUDGET_TWO_ENGINES:-0}"   # two_engines.sh: two engines alone at once, half the streams each; 45 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
@@ -200,6 +203,27 @@ step "bench server, the server's defaults with --engines $ENGINES, no admission"
   "${ENGINES_PHASES[@]}" --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_engines$ENGINES.json"
 dmon_off engines
+mps_on() {   # MPS for the next part (budget $1): a control daemon with its pipes in a temporary folder
+  [ "$PLAN" = 1 ] || [ "$1" = 0 ] && return 0
+  if ! command -v nvidia-cuda-mps-control >/dev/null; then say "" "MPS: nvidia-cuda-mps-control is not on this machine"; return 0; fi
+  local mps; mps="$(mktemp -d)"
+  export CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" CUDA_MPS_LOG_DIRECTORY="$mps/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then say "" "MPS: control daemon started"
+  else say "" "MPS: the control daemon did not start (the part below ran without it)"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi
+}
+mps_off() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  echo quit | nvidia-cuda-mps-control; sleep 1
+  say "" "MPS: control daemon stopped; its log: $(tail -n 3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tr '\n' ' ')"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+mps_on "$BUDGET_SERVER_ENGINES_MPS"; dmon_on engines_mps
+step "bench server, the server's defaults with --engines $ENGINES under MPS, no admission" "$BUDGET_SERVER_ENGINES_MPS" \
+  simulserve bench server --device $DEVICE --engines "$ENGINES" --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  "${ENGINES_PHASES[@]}" --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_engines${ENGINES}_mps.json"
+dmon_off engines_mps; mps_off
 # two engines alone (no server), flat out at once with half the streams each (recipes/gpu/two_engines.sh)
 step "two engines alone flat out at once on the one GPU, $((THROUGHPUT_STREAMS / 2)) streams each (recipes/gpu/two_engines.sh)" "$BUDGET_TWO_ENGINES" \
   env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" STREAMS="$THROUGHPUT_STREAMS" bash recipes/gpu/two_engines.sh "$DIR"
