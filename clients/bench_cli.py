@@ -242,15 +242,18 @@ def run_step(args) -> int:
           "against kernel time "
           f"({'GPU activities' if cuda else 'CPU compute operators'}, one profiled round); "
           "`simulserve bench step -h` defines each column")
-    print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | operators/step | "
-          "uploads/step | reads/step | " + ("launches/step | memcpy/step | syncs/step | " if cuda else "")
+    print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | "
+          "operators/step | uploads/step | reads/step | "
+          + ("launches/step | memcpy/step | syncs/step | " if cuda else "")
           + "identical | same as first |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if cuda else "") + ":---:|:---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if cuda else "")
+          + ":---:|:---:|")
     for r in host:
         extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | "
                  if cuda else "")
         ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
-        print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | {r['step_wall_ms']:.2f} | "
+        print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | "
+              f"{r['step_wall_ms']:.2f} | "
               f"{r['kernel_ms_per_step']:.3f} | {r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {ratio} | "
               f"{r['operators_per_step']:.0f} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
               f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")

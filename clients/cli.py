@@ -79,5 +79,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"simulserve {args.command}: error: {e}", file=sys.stderr)
         return 2
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

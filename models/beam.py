@@ -18,7 +18,8 @@ def beam_search(decoder, s, beam: int, max_len: int, length_penalty: float = 1.0
     h, dk = cfg.n_heads, cfg.head_dim
     caches = [(torch.zeros(beam, h, max_len + 1, dk, device=dev), torch.zeros(beam, h, max_len + 1, dk, device=dev))
               for _ in range(cfg.decoder_layers)]
-    masks = [mk.expand(beam, -1, -1, -1) for mk in decoder.pool.gather("cross_mk", slot, s.available, lone=s.slot)] or None
+    masks = [mk.expand(beam, -1, -1, -1)
+             for mk in decoder.pool.gather("cross_mk", slot, s.available, lone=s.slot)] or None
     contexts = (torch.zeros(beam, cfg.decoder_layers, cfg.d_model, device=dev)
                 if cfg.variant.carries_context else None)  # SACT's c̃ / interleaved x_{t−1} per hypothesis
     avail = torch.full((beam,), s.available, device=dev)

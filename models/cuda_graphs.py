@@ -14,8 +14,8 @@ capturable:
 
 With `graphs-encoder` the causal encoder's chunk step (the new source subwords of every stream that read
 words) is captured too, per batch, chunk width (1 to 64 subwords, powers of two) and cache length: in a loaded server
-nearly every step encodes something, and eagerly that is ~180 operators, each a launch on a GPU. Its padding (rows of the
-scratch slot, positions past a row's new subwords) writes only into the scratch slot. A wider chunk (a
+nearly every step encodes something, and eagerly that is ~180 operators, each a launch on a GPU. Its padding (rows of
+the scratch slot, positions past a row's new subwords) writes only into the scratch slot. A wider chunk (a
 long passage pushed whole) runs eagerly on the same fixed pool, which is just as correct.
 
 Captured like vLLM does (facts from its gpu_model_runner: capture at start-up, largest first into one

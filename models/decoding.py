@@ -108,8 +108,6 @@ class StutterContext:
         return not (text.strip() and text * 2 in self.source)
 
 
-
-
 class TokenFilter:
     """A decoding rule where the step picks a WRITE's token: `bans` names the tokens one row may not
     write (host, from its target so far), `mask` edits every row's logits at once (device)."""

@@ -27,6 +27,7 @@ from models.fused_weights import stacked
 from models.int8_linear import Int8Linear
 from models.transformer import FeedForward
 
+
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packed linears run here and agree with F.linear on a probe."""
     if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):

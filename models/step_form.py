@@ -96,8 +96,10 @@ def step_form(form: "str | StepForm") -> StepForm:
     return FORMS[form]
 
 
-STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs "
-             "on CUDA); graphs (CUDA graphs captured at start-up); graphs-encoder (the encoder's step captured too); host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
+STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); "
+             "int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs on CUDA); "
+             "graphs (CUDA graphs captured at start-up); graphs-encoder (the encoder's step captured too); "
+             "host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
 
 
 def add_step_argument(parser) -> None:

@@ -62,7 +62,8 @@ class StreamState:
     need: int = 0                      # source positions the next decoder trial needs (GMA)
     blocked: bool = False              # the last step read; nothing new has arrived since
     dirty: bool = True                 # the device's slot row (models/slot_state.py) is behind the host's values
-    fresh: bool = True                 # its slot's policy fields still hold an earlier stream's (reset by the first decode)
+    # its slot's policy fields still hold an earlier stream's (reset by the first decode)
+    fresh: bool = True
     done: bool = False
     in_flight: bool = False            # in a decoder step launched and not yet collected (StreamingDecoder.launch)
     record: list[dict] | None = None   # per written token: p, n, attention (for plots)

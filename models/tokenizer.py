@@ -78,4 +78,3 @@ class Tokenizer:
         """Whether `token`, written after `previous`, begins a new target word. SentencePiece writes
         <unk> as " ⁇ ", a word of its own: it starts one, and so does whatever follows it."""
         return self.word_start[token] or previous == self.unk_id
-

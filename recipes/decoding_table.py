@@ -92,8 +92,10 @@ def main(argv: list[str]) -> int:
             p_fall = share_not_behind(b["stats"], a["stats"])
             significant += p_fall < ALPHA
             p = f", p {p_fall:.2f}"
-        print(f"| {key[0].removeprefix('test.')} | {key[1]} | {b['BLEU']:.2f} → {a['BLEU']:.2f} ({a['BLEU'] - b['BLEU']:+.2f}{p}) "
-              f"| {b['AL']:.2f} → {a['AL']:.2f} | {b['rep2']:.1f} → {a['rep2']:.1f} | {b['rep3']:.1f} → {a['rep3']:.1f} "
+        print(f"| {key[0].removeprefix('test.')} | {key[1]} | {b['BLEU']:.2f} → {a['BLEU']:.2f} "
+              f"({a['BLEU'] - b['BLEU']:+.2f}{p}) "
+              f"| {b['AL']:.2f} → {a['AL']:.2f} | {b['rep2']:.1f} → {a['rep2']:.1f} "
+              f"| {b['rep3']:.1f} → {a['rep3']:.1f} "
               f"| {b['stutter']:.1f} → {a['stutter']:.1f} | {b['early']:.1f} → {a['early']:.1f} |")
     print(f"\nBLEU falls on {falls} of the rows above, on {significant} of them significantly (p < {ALPHA}, paired "
           "bootstrap)")

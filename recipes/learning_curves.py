@@ -3,8 +3,9 @@
     python recipes/learning_curves.py OUT RUN_DIR:SETTING:LABEL ... [--limit N] [--data DIR]
 
 RUN_DIR is a `simulserve train` output with `snapshot_every` set (RUN_DIR/snapshots/stepNNNNNN,
-plus RUN_DIR/checkpoint when it holds the last update's weights rather than an epoch average); SETTING is k=5, delta=1 or empty (the model's
-own); LABEL names the line. The x axis is updates in total, counting those behind the checkpoint a run started from.
+plus RUN_DIR/checkpoint when it holds the last update's weights rather than an epoch average); SETTING is k=5,
+delta=1 or empty (the model's own); LABEL names the line. The x axis is updates in total, counting those behind
+the checkpoint a run started from.
 Writes OUT/learning_curves.json and OUT/learning_curves.png (BLEU and SimulEval AL per
 validation set). The validation sets, not the test sets: this is for watching training.
 """
@@ -47,7 +48,6 @@ def parse_run(text: str) -> tuple[str, Path, dict]:
 
 
 def evaluate(runs, data: Path, sets: list[str], limit: int) -> list[dict]:
-    import torch
     from tqdm import tqdm
 
     from agents.evaluate import data_dir_sets, display_path, read_test_set, score_results

@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
             s = score_results(part, part_refs)
             cells.append(f"{s['BLEU']:.2f} ({s['simuleval']['AL']:.2f})")
         print(f"| {path.stem} | " + " | ".join(cells) + " |")
-    print(f"\nBLEU (SimulEval AL in source words); sentences: " +
+    print("\nBLEU (SimulEval AL in source words); sentences: " +
           ", ".join(f"{s} {len(source_lines(data, pooled, s))}" for s in sources))
 
 

@@ -36,7 +36,8 @@ ORDER = ["unseen", "everyday", "dialogue", "bible", "ddtp", "libreoffice"]
 
 
 def rows(path: str) -> dict[tuple[str, str, str], dict]:
-    return {(r["label"], r["setting"], r["set"].split(".", 1)[1]): r for r in csv.DictReader(open(path, encoding="utf-8"))}
+    return {(r["label"], r["setting"], r["set"].split(".", 1)[1]): r
+            for r in csv.DictReader(open(path, encoding="utf-8"))}
 
 
 def changes(old: dict, new: dict) -> dict[str, dict[str, dict[str, float]]]:

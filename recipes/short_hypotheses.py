@@ -43,7 +43,8 @@ def summarise(results) -> dict:
 
 
 def main(paths: list[str]) -> None:
-    print("| outputs | sentences | paper AL < 0 | mean γ, all | mean γ, AL < 0 | stopped before half the source | both |")
+    print("| outputs | sentences | paper AL < 0 | mean γ, all | mean γ, AL < 0 | "
+          "stopped before half the source | both |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for path in paths:
         s = summarise(read_outputs(Path(path))[0])

@@ -46,7 +46,8 @@ print(" | ".join(out))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trees", required=True, help="checkouts, comma-separated (their code runs; the model is this one's)")
+    ap.add_argument("--trees", required=True,
+                    help="checkouts, comma-separated (their code runs; the model is this one's)")
     ap.add_argument("--forms", default="default,int8")
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--sentences", type=int, default=64)
@@ -60,8 +61,9 @@ def main() -> None:
     print(f"ms per {args.per}, form/batch (median of {args.rounds} rounds), {args.sentences} sentences word by word")
     for turn in range(args.turns):
         for tree in trees:
-            r = subprocess.run([sys.executable, "-c", ONE, tree, str(ROOT), args.source, str(args.sentences), args.forms,
-                                args.batch_sizes, str(args.rounds), args.per], capture_output=True, text=True)
+            r = subprocess.run([sys.executable, "-c", ONE, tree, str(ROOT), args.source, str(args.sentences),
+                                args.forms, args.batch_sizes, str(args.rounds), args.per],
+                               capture_output=True, text=True)
             if r.returncode:
                 sys.exit(f"{tree}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
             print(f"turn {turn + 1} {tree}: {r.stdout.strip().splitlines()[-1]}")

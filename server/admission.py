@@ -42,8 +42,9 @@ RATE_TAU_S = 10.0       # rows per stream, mean cycle, K, freed shares: moving a
 MIN_WORDS = 20          # fewer words in the window: no measured p99
 GUARD_WORDS = 100       # fewer: no closed-loop guard (the p99 of fewer words is their maximum)
 PRIOR_K = 20.0          # p99 word lag in cycles until measured
-MAX_K = 30.0            # ...and at most: a longer lag is fixed overhead (event-loop round trips, a small model's
-                        # steps are shorter than those), which does not grow with the cycle
+# ...and at most MAX_K: a longer lag is fixed overhead (event-loop round trips, a small model's steps are shorter
+# than those), which does not grow with the cycle
+MAX_K = 30.0
 COLD_STREAMS = 4        # live streams taken before anything is measured
 PRIOR_ROWS_S = 9.0      # rows per second of a live stream until measured (a 150 wpm speaker of everyday German)
 PRIOR_WEIGHT_S = 20.0   # ...worth this many stream-seconds of measurement
@@ -151,8 +152,8 @@ class Headroom:
     live: int                    # streams holding a share (input within quiet_s, or just admitted)
     delay_budget_ms: float
     state: str                   # cold (nothing measured yet), measured, over_budget (the closed-loop guard)
-    p99_ms: float | None         # the last WINDOW_S seconds: p99 word lag + p99 event-loop lateness (None: too
-                                 # few words)
+    # p99_ms: the last WINDOW_S seconds: p99 word lag + p99 event-loop lateness (None: too few words)
+    p99_ms: float | None
     lag_p99_ms: float | None
     loop_p99_ms: float | None
     rows_per_stream_s: float     # r

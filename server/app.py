@@ -97,8 +97,10 @@ class ServerState:
                                   batch_window_ms=batching.batch_window_ms,
                                   max_k=limits.max_k, max_delta=limits.max_delta,
                                   max_output_messages=limits.max_output_messages,
-                                  admission=Admission(delay_budget_ms=headroom.delay_budget_ms, quiet_s=headroom.admission_quiet_s,
-                                                      retry_max_s=headroom.admission_retry_max_s, enabled=headroom.admission),
+                                  admission=Admission(delay_budget_ms=headroom.delay_budget_ms,
+                                                      quiet_s=headroom.admission_quiet_s,
+                                                      retry_max_s=headroom.admission_retry_max_s,
+                                                      enabled=headroom.admission),
                                   capacity=self.stream_capacity(),
                                   overlap={"auto": None, "on": True, "off": False}[batching.overlap])
                 await eng.start()   # (the graphs form captures here, before the warm-up and before ready)
@@ -280,8 +282,9 @@ async def serve_stream(ws: WebSocket, srv: ServerState) -> None:
     ip = ws.client.host if ws.client else "?"
     if not srv.ips.connect(ip):
         srv.metrics.refusals.labels("ip_connections").inc()
-        return await refuse(ws, srv, "too_many_connections", f"this address has {srv.settings.limits.max_connections_per_ip}"
-                                                             " connections open (max_connections_per_ip)")
+        return await refuse(ws, srv, "too_many_connections",
+                            f"this address has {srv.settings.limits.max_connections_per_ip}"
+                            " connections open (max_connections_per_ip)")
     srv.metrics.ip_connections.set(len(srv.ips.connections))
     try:
         await _serve_counted(ws, srv, ip)
@@ -529,7 +532,8 @@ class Session:
             "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
             "auto_segment": self.auto, "segmenter": msg.segmenter if self.auto else None,
-            "limits": {"max_words_per_sentence": limits.max_words_per_sentence, "max_backlog_words": limits.max_backlog_words,
+            "limits": {"max_words_per_sentence": limits.max_words_per_sentence,
+                       "max_backlog_words": limits.max_backlog_words,
                        "max_message_bytes": limits.max_message_bytes, "rate_limit": limits.rate_limit,
                        "idle_timeout_s": limits.idle_timeout_s},
             **({"server": self.srv.server_id} if self.srv.server_id else {})})

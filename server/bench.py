@@ -139,7 +139,8 @@ def server_command(args, port: int) -> list[str]:
     """The `simulserve serve` command line of the server this benchmark starts."""
     cmd = [sys.executable, "-m", "clients.cli", "serve", f"bench={args.checkpoint}",
            f"bench_unbatched={args.checkpoint}", "--no-batching", "bench_unbatched", "--host", "127.0.0.1",
-           "--port", str(port), "--max-streams", str(_max_streams(args)), "--idle-timeout", "3600", "--log-level", "warning",
+           "--port", str(port), "--max-streams", str(_max_streams(args)), "--idle-timeout", "3600",
+           "--log-level", "warning",
            "--max-connections-per-ip", "0",   # every simulated speaker comes from 127.0.0.1
            "--delay-budget-ms", str(args.max_p99_ms)]
     if args.no_admission:
@@ -539,7 +540,8 @@ async def watch_health(base: str, model: str, t_stop: float) -> dict:
 
 def admission_figures(rec: Record) -> dict:
     return {"admitted": rec.admitted, "refused": rec.refused, "admitted_after_waiting": len(rec.waits),
-            "still_waiting": rec.waiting, "waited_p50_s": pct(rec.waits, 50), "waited_max_s": max(rec.waits, default=float("nan"))}
+            "still_waiting": rec.waiting, "waited_p50_s": pct(rec.waits, 50),
+            "waited_max_s": max(rec.waits, default=float("nan"))}
 
 
 async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None = None) -> dict:
@@ -719,7 +721,8 @@ async def _main(args, base) -> int:
     out = {"model": model, "wpm": args.wpm, "max_p99_ms": args.max_p99_ms, "real_time_on": args.real_time_on,
            "cpus": os.cpu_count(), "client_procs": args.client_procs}
     print(f"simulserve bench server: model {args.model} ({model['policy']}, {model['device']}, "
-          f"{model.get('dtype', '?')}), speakers at {args.wpm:g} wpm, {len(sentences)} source sentences ≤ {args.max_words} words, {os.cpu_count()} CPUs")
+          f"{model.get('dtype', '?')}), speakers at {args.wpm:g} wpm, {len(sentences)} source sentences "
+          f"≤ {args.max_words} words, {os.cpu_count()} CPUs")
     form = model.get("step_form", {})
     print(f"server CPU: {model.get('cpu', '?')}; step form {form.get('name', '?')}"
           + (f" ({form['choice']['reason']})" if form.get("choice") else ""))

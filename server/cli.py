@@ -218,18 +218,21 @@ def run(args) -> int:
     if apart(settings):
         scheme = "wss" if settings.transport.ssl_certfile else "ws"
         engines, fronts = settings.transport.engines, settings.transport.workers
-        print(f"simulserve: serving {', '.join(served)} on {scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
+        print(f"simulserve: serving {', '.join(served)} on "
+              f"{scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
               f"({fronts} front-end process{'es' * (fronts > 1)}, {engines} engine process{'es' * (engines > 1)})",
               file=sys.stderr, flush=True)
         from server.workers import serve_workers
         return serve_workers(settings)
-    logging.basicConfig(level=settings.transport.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.transport.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scheme = "wss" if settings.transport.ssl_certfile else "ws"
     print(f"simulserve: serving {', '.join(served)} on "
           f"{scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream", file=sys.stderr, flush=True)
     import uvicorn
     uvicorn.Server(uvicorn_config(app, settings, host=settings.transport.host, port=settings.transport.port,
-                                  log_level=settings.transport.log_level.lower(), ssl_certfile=settings.transport.ssl_certfile,
+                                  log_level=settings.transport.log_level.lower(),
+                                  ssl_certfile=settings.transport.ssl_certfile,
                                   ssl_keyfile=settings.transport.ssl_keyfile, access_log=False)).run()
     return 0
 
@@ -261,6 +264,7 @@ def run_ray(args) -> int:
     except ValueError as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.transport.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.transport.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from server.ray_serve import run_cli
     return run_cli(settings, opts)

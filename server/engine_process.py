@@ -206,8 +206,9 @@ class EngineProcess:
         srv, settings, ip = self.srv, self.srv.settings, m.ip
         if not srv.ips.connect(ip):
             srv.metrics.refusals.labels("ip_connections").inc()
-            return f.link.send(Reply(m.req, ("too_many_connections", f"this address has {settings.limits.max_connections_per_ip}"
-                                                                     " connections open (max_connections_per_ip)")))
+            return f.link.send(Reply(m.req, ("too_many_connections",
+                                             f"this address has {settings.limits.max_connections_per_ip}"
+                                             " connections open (max_connections_per_ip)")))
         srv.metrics.ip_connections.set(len(srv.ips.connections))
         conn = f.conns[m.conn] = Conn(ip)
         refusal = connect_refusal(srv, ip, m.origin_ok, lambda: m.key_ok)

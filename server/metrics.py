@@ -30,8 +30,8 @@ class Metrics:
         self.model_streams = Gauge("simulserve_model_streams", "started streams per model", ["model"], registry=r)
         self.cache_slots = Gauge("simulserve_cache_slots_in_use", "stream cache slots in use", ["model"],
                                  registry=r)
-        self.cache_capacity = Gauge("simulserve_cache_slots_allocated", "stream cache slots whose memory is held (in use or "
-                                    "free; shrinks when they stay unused)", ["model"], registry=r)
+        self.cache_capacity = Gauge("simulserve_cache_slots_allocated", "stream cache slots whose memory is held "
+                                    "(in use or free; shrinks when they stay unused)", ["model"], registry=r)
         self.models_loaded = Gauge("simulserve_models_loaded", "models loaded and serving", registry=r)
         self.words_in = Counter("simulserve_source_words", "source words received", ["model"], registry=r)
         self.words_out = Counter("simulserve_target_words", "target words emitted", ["model"], registry=r)

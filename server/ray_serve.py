@@ -272,8 +272,10 @@ def run_cli(settings: ServerSettings, opts: RayOptions) -> int:
     print(f"simulserve: deploying {', '.join(settings.models) or 'every shipped model'} on Ray Serve "
           f"({'cluster ' + opts.address if opts.address else 'a local cluster'})", file=sys.stderr, flush=True)
     deploy(settings, opts, host=settings.transport.host, port=settings.transport.port)
-    print(f"simulserve: {len(replicas())} replica(s) up; streams on ws://{settings.transport.host}:{settings.transport.port}/v1/stream, "
-          f"replicas at http://{settings.transport.host}:{settings.transport.port}/v1/replicas", file=sys.stderr, flush=True)
+    print(f"simulserve: {len(replicas())} replica(s) up; "
+          f"streams on ws://{settings.transport.host}:{settings.transport.port}/v1/stream, "
+          f"replicas at http://{settings.transport.host}:{settings.transport.port}/v1/replicas",
+          file=sys.stderr, flush=True)
     # Ctrl-C, or SIGTERM (a container stopped); also when the shell started us with SIGINT ignored
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -285,4 +287,3 @@ def run_cli(settings: ServerSettings, opts: RayOptions) -> int:
         shutdown()
         ray.shutdown()
     return 0
-

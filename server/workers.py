@@ -52,7 +52,8 @@ def serve_workers(settings: ServerSettings) -> int:
     try:
         listener = bind(settings.transport.host, settings.transport.port)
     except OSError as e:
-        print(f"simulserve serve: cannot listen on {settings.transport.host}:{settings.transport.port}: {e}", file=sys.stderr)
+        print(f"simulserve serve: cannot listen on {settings.transport.host}:{settings.transport.port}: {e}",
+              file=sys.stderr)
         return 1
     where = tempfile.mkdtemp(prefix="simulserve-")      # 0700: only this user reaches the engine sockets
     count = settings.transport.engines

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)  # tiny models: a second thread only adds contention
 # `--step auto` caches its timings per machine: tests keep theirs out of the user's home
-os.environ.setdefault("SIMULSERVE_CACHE_DIR", str(Path(__import__("tempfile").mkdtemp(prefix="simulserve-test-cache-"))))
+os.environ.setdefault("SIMULSERVE_CACHE_DIR",
+                      str(Path(__import__("tempfile").mkdtemp(prefix="simulserve-test-cache-"))))
 
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
@@ -87,7 +88,8 @@ def trained(tmp_path_factory, word_tok):
         model = {k: v for k, v in cfg.to_dict().items()
                  if k not in ("vocab_size", "src_lang", "tgt_lang", "pad_id", "unk_id", "bos_id", "eos_id")}
         tc = TrainConfig(output=str(d), model=model, max_tokens=512, lr=3e-3, warmup=100,
-                         max_epochs=6 if policy == "gma" else 8,  # offline: no positional prior; wait-k: many k to learn
+                         # offline: no positional prior; wait-k: many k to learn
+                         max_epochs=6 if policy == "gma" else 8,
                          label_smoothing=0.0, average_last=1, seed=1)
         Trainer(tc, word_tok, make_pairs(3000, seed=1), make_pairs(100, seed=2), progress=False).train()
         out[policy] = d / "checkpoint"

@@ -378,8 +378,8 @@ def test_streaming_equals_full_computation_and_batching(name, policy, word_tok):
 
 @pytest.mark.parametrize("name", ["sact", "calib_gate", "phrase_convkv", "phrase_queryk_int"])
 def test_beam_search_of_one_equals_greedy(name, word_tok):
-    """Beam search carries SACT's c̃, the interleaved x_{t−1} and calibration's mask keys per hypothesis: with one beam it
-    is greedy decoding; with three it runs."""
+    """Beam search carries SACT's c̃, the interleaved x_{t−1} and calibration's mask keys per hypothesis: with one beam
+    it is greedy decoding; with three it runs."""
     from models.beam import beam_search
     dec = variant_decoder(word_tok, name, "offline")
     greedy = simulate(dec, SENTENCES[:4], batch_size=1, record=True)[1]

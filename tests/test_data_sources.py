@@ -154,7 +154,8 @@ def hedgewars_files() -> dict[str, bytes]:
     }
 
 
-WESNOTH_SCENES = {"01_The_Gate": [("Hold the gate!", "Haltet das Tor!"), ("We cannot win.", "Wir können nicht gewinnen.")],
+WESNOTH_SCENES = {"01_The_Gate": [("Hold the gate!", "Haltet das Tor!"),
+                                  ("We cannot win.", "Wir können nicht gewinnen.")],
                   "02_The_River": [("Cross the river at dawn.", "Überquert den Fluss im Morgengrauen."),
                                    ("$unit.name is dead.", "$unit.name ist tot.")]}
 
@@ -433,10 +434,13 @@ def openclonk_files() -> dict[str, bytes]:
                             "StringTblDE.txt": table(["Name=Schaufelblatt"]),
                             "StringTblUS.txt": table(["Name=Shovel blade"])}}
     raid = {"System.ocg": {"StringTblDE.txt": table(["# Dialog", "Lisa1=Wir werden angegriffen. Immer wieder.",
-                                                     "Lisa2=<c ff0000>Lauf!</c>", "Mave1=Fülle einen Eimer{{Bucket}} mit Erde.",
+                                                     "Lisa2=<c ff0000>Lauf!</c>",
+                                                     "Mave1=Fülle einen Eimer{{Bucket}} mit Erde.",
                                                      "MsgGold=Du hast %d Gold.", "OnlyDE=Nur auf Deutsch"]),
-                           "StringTblUS.txt": table(["# dialogue", "Lisa1=We're being attacked. Over and over again.",
-                                                     "Lisa2=<c ff0000>Run!</c>", "Mave1=Fill a bucket{{Bucket}} with earth.",
+                           "StringTblUS.txt": table(["# dialogue",
+                                                     "Lisa1=We're being attacked. Over and over again.",
+                                                     "Lisa2=<c ff0000>Run!</c>",
+                                                     "Mave1=Fill a bucket{{Bucket}} with earth.",
                                                      "MsgGold=You have %d gold."])},
             "Gem.ocd": {"DefCore.txt": b"[DefCore]\n", "StringTblDE.txt": table(["Name=Edelstein"]),
                         "StringTblUS.txt": table(["Name=Gem"])},
@@ -449,7 +453,8 @@ def openclonk_files() -> dict[str, bytes]:
     return {game + "/Objects.ocd": c4group_file({"Items.ocd": {"Tools.ocd": {"Shovel.ocd": shovel}}}),
             game + "/Missions.ocf": c4group_file({"Raid.ocs": raid}),
             game + "/System.ocg": c4group_file(system),
-            game + "/Sound.ocg": c4group_file({"StringTblDE.txt": table(["X=Nie"]), "StringTblUS.txt": table(["X=Never"])}),
+            game + "/Sound.ocg": c4group_file({"StringTblDE.txt": table(["X=Nie"]),
+                                               "StringTblUS.txt": table(["X=Never"])}),
             game + "/Music.ocg/Song.ogg": b"OggS" + b"0" * 100,
             "usr/share/doc/openclonk-data/copyright": OPENCLONK_COPYRIGHT}
 
@@ -487,7 +492,8 @@ def test_openclonk_licences_from_the_free_form_copyright(openclonk_root):
 
 @pytest.mark.parametrize("body,message", [
     (b"PK\x03\x04 a zip", r"Broken\.ocd: not an OpenClonk group file \(starts with 50 4b"),
-    (openclonk.MAGIC + gzip.compress(random.Random(0).randbytes(5000))[2:2000], r"Broken\.ocd: broken compressed group"),
+    (openclonk.MAGIC + gzip.compress(random.Random(0).randbytes(5000))[2:2000],
+     r"Broken\.ocd: broken compressed group"),
     (openclonk.MAGIC + gzip.compress(b"\0" * 300)[2:], r"Broken\.ocd: not a C4Group"),
 ])
 def test_openclonk_malformed_group_file_names_the_file(tmp_path, body, message):
@@ -601,7 +607,8 @@ def test_command_writes_own_test_sets_for_the_game_sources(downloads, tmp_path):
     assert main(["prepare-data", "--sources", "hedgewars,openclonk,scummvm", "--out", str(out),
                  "--download-dir", str(downloads), "--vocab-size", "60", "--eval-size", "3"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["packages"]["openclonk-data"] == {"version": "8.1-3", "licence": "ISC, MIT, CC-BY-3.0, CC0-1.0, GPL"}
+    assert manifest["packages"]["openclonk-data"] == {"version": "8.1-3",
+                                                      "licence": "ISC, MIT, CC-BY-3.0, CC0-1.0, GPL"}
     assert manifest["packages"]["scummvm-data"] == {"version": "2.7.0+dfsg-1", "licence": "GPL-2+, CC0-1.0"}
     assert manifest["eval_sets"] == {"dialogue": ["hedgewars"]}
     for split in ("valid", "test"):

@@ -156,7 +156,8 @@ def test_no_repeated_ngram_is_written_and_streams_stay_exact(policy, word_tok):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("options", [{"no_repeat_ngram": 2}, {"no_stutter": 2}, {"no_repeat_ngram": 3, "no_stutter": 1}])
+@pytest.mark.parametrize("options", [{"no_repeat_ngram": 2}, {"no_stutter": 2},
+                                     {"no_repeat_ngram": 3, "no_stutter": 1}])
 def test_the_rule_equals_full_computation_with_the_same_bans(policy, options, trained_decoders):
     """Teacher forcing over the whole written target, with each position's banned tokens removed
     from its logits, chooses exactly the tokens the stream wrote."""
@@ -170,8 +171,8 @@ def test_the_rule_equals_full_computation_with_the_same_bans(policy, options, tr
 
 
 def test_early_eos_write_keeps_writing_until_the_source_ends(trained_decoders):
-    """The tiny wait-k model, trained on shorter sentences, says EOS before these end. With early_eos=read each such EOS is a READ, and
-    the writes fall behind the wait-k schedule; with write, every token comes exactly on schedule
+    """The tiny wait-k model, trained on shorter sentences, says EOS before these end. With early_eos=read each such
+    EOS is a READ, and the writes fall behind the wait-k schedule; with write, every token comes exactly on schedule
     (token i after min(k + i, all) source positions) and only the last one is EOS."""
     plain = trained_decoders["waitk"]
     dec = with_options(plain, early_eos="write")
@@ -260,7 +261,8 @@ def test_decoding_table_counts_repeats_the_reference_does_not_have(tmp_path, tra
                           str(tmp_path / "after")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "k=2" in line]
-    assert len(rows) == 1 and "BLEU falls on" in out.stdout and "significantly (p < 0.05, paired bootstrap)" in out.stdout
+    assert (len(rows) == 1 and "BLEU falls on" in out.stdout
+            and "significantly (p < 0.05, paired bootstrap)" in out.stdout)
 
 
 def test_the_rules_are_filters_made_once_and_ban_what_all_bans_bans(word_tok):

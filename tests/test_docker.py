@@ -267,7 +267,8 @@ def test_install_script_installs_a_working_simulserve_into_a_fresh_venv(tmp_path
     print(f"install.sh took {time.monotonic() - t0:.0f} s")
     assert r.returncode == 0, r.stderr[-4000:]
     assert "install.sh: ok" in r.stderr
-    out = subprocess.run([str(venv / "bin" / "simulserve"), "--help"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    out = subprocess.run([str(venv / "bin" / "simulserve"), "--help"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env)
     assert out.returncode == 0 and "serve" in out.stdout
     serve = subprocess.run([str(venv / "bin" / "simulserve"), "serve", "--help"], capture_output=True, text=True,
                            cwd=tmp_path, env=env)

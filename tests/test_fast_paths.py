@@ -182,4 +182,3 @@ def test_release_model_frees_the_callers_weights(trained):
     gc.collect()
     assert ref() is None and dec.model is dec.net
     assert [(r.prediction, r.token_delays) for r in simulate(dec, sentences)] == before
-

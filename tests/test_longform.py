@@ -282,8 +282,10 @@ def _no_comet_env(tmp: Path) -> dict:
     the sacrebleu scorer never calls it."""
     shim = tmp / "shim" / "comet"
     shim.mkdir(parents=True, exist_ok=True)
-    (shim / "__init__.py").write_text("def download_model(*a, **k):\n    raise RuntimeError('COMET is left out')\n\n\n"
-                                      "def load_from_checkpoint(*a, **k):\n    raise RuntimeError('COMET is left out')\n")
+    (shim / "__init__.py").write_text("def download_model(*a, **k):\n"
+                                      "    raise RuntimeError('COMET is left out')\n\n\n"
+                                      "def load_from_checkpoint(*a, **k):\n"
+                                      "    raise RuntimeError('COMET is left out')\n")
     return {**os.environ, "PYTHONPATH": str(shim.parent)}
 
 

@@ -63,8 +63,6 @@ def test_python_client_reports_errors(server):
     assert len(out.stdout.splitlines()) <= 2  # at most the words of the two accepted source words
 
 
-
-
 @pytest.mark.browser
 def test_browser_client_streams_a_sentence(browser, server, expected):
     from urllib.parse import urlencode

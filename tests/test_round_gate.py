@@ -44,10 +44,13 @@ def test_verdicts_of_both_rules():
     cases = {  # changes per setting -> (rule, old rule)
         "round 6: unseen -0.08 at one δ, up on average": ({"delta=1": {"unseen": 1.1}, "delta=2": {"unseen": -0.08}},
                                                           (True, False)),
-        "round 5: unseen -0.59 at one δ": ({"delta=1": {"unseen": 1.07}, "delta=2": {"unseen": -0.59}}, (False, False)),
-        "an old set down 0.31": ({"delta=1": {"unseen": 1.0, "bible": -0.31}, "delta=2": {"unseen": 1.0}}, (False, False)),
+        "round 5: unseen -0.59 at one δ": ({"delta=1": {"unseen": 1.07}, "delta=2": {"unseen": -0.59}},
+                                           (False, False)),
+        "an old set down 0.31": ({"delta=1": {"unseen": 1.0, "bible": -0.31}, "delta=2": {"unseen": 1.0}},
+                                 (False, False)),
         "unseen flat on average": ({"delta=1": {"unseen": 0.2}, "delta=2": {"unseen": -0.2}}, (False, False)),
-        "up, one old set down by exactly 0.30": ({"delta=1": {"unseen": 0.1, "bible": -0.3}, "delta=2": {"unseen": 0.1}}, (True, True)),
+        "up, one old set down by exactly 0.30": ({"delta=1": {"unseen": 0.1, "bible": -0.3},
+                                                  "delta=2": {"unseen": 0.1}}, (True, True)),
     }
     for name, (change, want) in cases.items():
         table = g.changes(g_rows(results({})), g_rows(results(change)))["GMA"]
@@ -120,9 +123,12 @@ def test_significance_verdict_from_evaluate_outputs(tmp_path):
         old_dir, new_dir = tmp_path / kind / "old", tmp_path / kind / "new"
         outputs(old_dir, "delta=1", "everyday", REFS)
         outputs(new_dir, "delta=1", "everyday", everyday)
-        score = lambda preds: float(sacrebleu.corpus_bleu(preds, [REFS]).score)
+
+        def score(preds):
+            return float(sacrebleu.corpus_bleu(preds, [REFS]).score)
         old = write(tmp_path / kind / "old.csv", {("delta=1", "everyday"): score(REFS), ("delta=1", "unseen"): 10.0})
-        new = write(tmp_path / kind / "new.csv", {("delta=1", "everyday"): score(everyday), ("delta=1", "unseen"): 11.0})
+        new = write(tmp_path / kind / "new.csv", {("delta=1", "everyday"): score(everyday),
+                                                  ("delta=1", "unseen"): 11.0})
         out = subprocess.run([sys.executable, str(ROOT / "recipes/round_gate.py"), old, new, "--outputs",
                               str(old_dir), str(new_dir)], capture_output=True, text=True, check=True).stdout
         assert "GMA: passes (the rule" not in out          # both fall by more than 0.3

@@ -366,7 +366,8 @@ def test_permessage_deflate_is_off_unless_asked_for(trained, compression):
         try:
             await ws.send(json.dumps({"type": "start", "model": "gma"}))
             assert json.loads(await ws.recv())["type"] == "ready"
-            return ws.response.headers.get("Sec-WebSocket-Extensions"), ws.request.headers.get("Sec-WebSocket-Extensions")
+            return (ws.response.headers.get("Sec-WebSocket-Extensions"),
+                    ws.request.headers.get("Sec-WebSocket-Extensions"))
         finally:
             await ws.close()
     with LiveServer(models={"gma": str(trained["gma"])}, ws_compression=compression) as srv:

@@ -55,7 +55,8 @@ def test_shipped_configs_name_their_policy_and_languages(decoders):
 
 
 @pytest.mark.parametrize("name,setting", [(n, s) for n, ss in SETTINGS.items() for s in ss],
-                         ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+                         ids=lambda v: (v if isinstance(v, str)
+                                        else ",".join(f"{k}={x}" for k, x in v.items()) or "default"))
 def test_shipped_model_translates_plausibly(decoders, name, setting):
     results = simulate(decoders[name], [s for s, _ in SENTENCES], **setting)
     for (source, keys), res in zip(SENTENCES, results):

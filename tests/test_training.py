@@ -303,7 +303,7 @@ def test_per_sentence_delta_batched_equals_one_sentence_at_a_time(word_tok, tmp_
         same, _ = batch_loss(model, collate(trainer.train_ex, idx, cfg.pad_id, cfg.bos_id, cfg.eos_id, "cpu"),
                              cfg, None, 0.0, 1.0)
     assert ntok == sum(n for _, n in single)
-    assert batched == pytest.approx(sum(float(l) for l, _ in single), rel=1e-5)
+    assert batched == pytest.approx(sum(float(loss) for loss, _ in single), rel=1e-5)
     assert not torch.isclose(batched, same)
 
 
@@ -313,7 +313,8 @@ def test_delta_sample_trains_and_resumes_identically(word_tok, tmp_path):
     run(word_tok, tmp_path / "resumed", "gma", max_steps=3, max_epochs=10, delta_sample=[0.5, 3.0])
     run(word_tok, tmp_path / "resumed", "gma", max_steps=6, max_epochs=10, delta_sample=[0.5, 3.0])
     run(word_tok, tmp_path / "plain", "gma", max_steps=6, max_epochs=10)
-    a, b, c = (load_file(str(tmp_path / d / "train_state" / "model.safetensors")) for d in ("straight", "resumed", "plain"))
+    a, b, c = (load_file(str(tmp_path / d / "train_state" / "model.safetensors"))
+               for d in ("straight", "resumed", "plain"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(a[n], c[n]) for n in a)

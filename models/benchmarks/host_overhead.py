@@ -207,7 +207,8 @@ def _staggered(dec, sentences, b):
 ARRIVALS = {"lockstep": _lockstep, "staggered": _staggered}
 
 
-def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int, progress, drive=_lockstep) -> list[dict]:
+def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int, progress,
+               drive=_lockstep) -> list[dict]:
     cuda = dec.device.type == "cuda"
 
     def outputs(results):

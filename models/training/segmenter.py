@@ -33,7 +33,8 @@ def register(sub) -> None:
     p.add_argument("--src-lang", default="de")
     p.add_argument("--max-lines", type=int, default=40000, help="lines per source at most")
     p.add_argument("--buckets", type=int, default=2 ** 18, help="hashed feature buckets (weights shipped as fp16)")
-    p.add_argument("--epochs", type=int, default=1, help="passes over the gaps (1 chose best on the valid talks; 2 and 3 overfit)")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="passes over the gaps (1 chose best on the valid talks; 2 and 3 overfit)")
     p.add_argument("--valid-sets", default=DEFAULT_VALID_SETS, help="valid sets whose talks choose the threshold")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
