@@ -39,7 +39,7 @@ FLAGS = {
                                                    "CUDA GPU with 8+ CPUs, else 1, one process; docs/server.md)"}),
     "--engines": ("engines", {"type": int, "help": "engine processes on the device, each with its own models and "
                                                    "stepping thread; new streams go to the least loaded "
-                                                   "(default 1; docs/server.md)"}),
+                                                   "(default 0: 2 on a CPU with 2+ cores, else 1; docs/server.md)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
@@ -200,8 +200,9 @@ def run(args) -> int:
         return run_ray(args)
     try:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
-        from server.settings import front_end_processes
+        from server.settings import engine_processes, front_end_processes
         settings.workers = front_end_processes(settings)   # 0: chosen by the device (settings.py)
+        settings.engines = engine_processes(settings)
         if apart(settings):   # engine processes and N front ends (server/workers.py)
             from server.settings import resolve_models
             served = list(resolve_models(settings))   # a bad checkpoint is reported here, once

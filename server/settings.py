@@ -145,9 +145,10 @@ class ServerSettings(BaseSettings):
                                                      "process that steps the models (1: everything in one process; "
                                                      "0, the default: 4 on a CUDA GPU with 8 or more CPUs, else 1; "
                                                      "docs/server.md#several-processes---workers-n)")
-    engines: int = Field(1, ge=1, le=16, description="engine processes, each with its own copy of the models and "
+    engines: int = Field(0, ge=0, le=16, description="engine processes, each with its own copy of the models and "
                                                      "its own stepping thread, on the same device; new streams "
-                                                     "go to the least loaded (more than 1 runs the front ends "
+                                                     "go to the least loaded (0, the default: 2 on a CPU with 2 "
+                                                     "or more cores, else 1; more than 1 runs the front ends "
                                                      "apart, as --workers; docs/server.md#several-engine-processes"
                                                      "---engines-n)")
     # engine
@@ -372,6 +373,22 @@ def front_end_processes(settings: ServerSettings, device_type: str | None = None
         device_type = pick_device(settings.serving.device).type
     cpus = cpus or os.cpu_count() or 1
     return 4 if device_type == "cuda" and cpus >= 8 else 1
+
+
+def engine_processes(settings: ServerSettings, device_type: str | None = None, cpus: int | None = None) -> int:
+    """How many engine processes `serve` runs: the setting, or for 0 (auto) 2 on a CPU with 2 or more cores and 1
+    elsewhere. On two 2-core CPUs (an AMD EPYC and an Intel Xeon) two engine processes wrote 1.7-2.0x the words
+    of one flat out and kept as many speakers or more in real time; one engine's interpreter leaves the second
+    core idle. On a GPU it is not measured yet (docs/server.md#several-engine-processes---engines-n)."""
+    if settings.transport.engines:
+        return settings.transport.engines
+    if device_type is None and settings.serving.device == "cpu":
+        device_type = "cpu"   # (no torch import in the parent process for that)
+    if device_type is None:
+        from models.checkpoint import pick_device
+        device_type = pick_device(settings.serving.device).type
+    cpus = cpus or os.cpu_count() or 1
+    return 2 if device_type == "cpu" and cpus >= 2 else 1
 
 
 def engine_device(device: str, index: int, gpus: int) -> str:

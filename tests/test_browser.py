@@ -227,9 +227,10 @@ def test_disconnect_is_shown_then_reconnect(page, server):
 
 @pytest.fixture(scope="module")
 def busy_server(trained, tmp_path_factory):
-    """A delay budget no stream meets: admission by headroom keeps one stream at a time."""
+    """A delay budget no stream meets: admission by headroom keeps one stream at a time (in one engine process:
+    with the CPU's default of two, each engine's admission would let one in)."""
     srv = ServerProcess({"gma": trained["gma"]}, tmp_path_factory.mktemp("busy_server") / "server.log",
-                        extra=("--delay-budget-ms", "0.001", "--admission-retry-max-s", "2"))
+                        extra=("--delay-budget-ms", "0.001", "--admission-retry-max-s", "2", "--engines", "1"))
     srv.start()
     yield srv
     srv.stop()

@@ -121,12 +121,19 @@ def test_headroom_of_several_engines_adds_up_and_keeps_the_worst():
     assert combine([part(1, "cold", None), part(1, "measured", 9.0)]).state == "measured"
 
 
-def test_engines_setting_is_checked():
-    from server.settings import SettingsError, load_settings
-    assert load_settings().engines == 1
+def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu():
+    from server.settings import SettingsError, engine_processes, load_settings
+    assert load_settings().engines == 0                              # auto
     assert load_settings(engines=3).transport.engines == 3
     with pytest.raises(SettingsError, match="engines"):
-        load_settings(engines=0)
+        load_settings(engines=-1)
+    with pytest.raises(SettingsError, match="engines"):
+        load_settings(engines=17)
+    cpu = load_settings(device="cpu")
+    assert engine_processes(cpu, cpus=2) == 2 and engine_processes(cpu, cpus=16) == 2
+    assert engine_processes(cpu, cpus=1) == 1                        # one core: one interpreter is enough
+    assert engine_processes(load_settings(device="cuda"), device_type="cuda", cpus=16) == 1   # not measured there
+    assert engine_processes(load_settings(device="cpu", engines=3), cpus=1) == 3   # the setting wins
     run = subprocess.run([sys.executable, "-m", "clients.cli", "serve", "--ray", "--engines", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--replicas" in run.stderr, run.stderr
