@@ -39,7 +39,8 @@ FLAGS = {
                                                    "CUDA GPU with 8+ CPUs, else 1, one process; docs/server.md)"}),
     "--engines": ("engines", {"type": int, "help": "engine processes on the device, each with its own models and "
                                                    "stepping thread; new streams go to the least loaded "
-                                                   "(default 0: 2 on a CPU with 2+ cores, else 1; docs/server.md)"}),
+                                                   "(default 0: 2 on a CPU with 2+ cores and 4+ GiB, else 1; "
+                                                   "docs/server.md)"}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),

@@ -148,9 +148,9 @@ class ServerSettings(BaseSettings):
     engines: int = Field(0, ge=0, le=16, description="engine processes, each with its own copy of the models and "
                                                      "its own stepping thread, on the same device; new streams "
                                                      "go to the least loaded (0, the default: 2 on a CPU with 2 "
-                                                     "or more cores, else 1; more than 1 runs the front ends "
-                                                     "apart, as --workers; docs/server.md#several-engine-processes"
-                                                     "---engines-n)")
+                                                     "or more cores and 4 GiB or more, else 1; more than 1 runs "
+                                                     "the front ends apart, as --workers; "
+                                                     "docs/server.md#several-engine-processes---engines-n)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
                                                                    "more streams to batch with")
@@ -375,11 +375,16 @@ def front_end_processes(settings: ServerSettings, device_type: str | None = None
     return 4 if device_type == "cuda" and cpus >= 8 else 1
 
 
-def engine_processes(settings: ServerSettings, device_type: str | None = None, cpus: int | None = None) -> int:
-    """How many engine processes `serve` runs: the setting, or for 0 (auto) 2 on a CPU with 2 or more cores and 1
-    elsewhere. On two 2-core CPUs (an AMD EPYC and an Intel Xeon) two engine processes wrote 1.7-2.0x the words
-    of one flat out and kept as many speakers or more in real time; one engine's interpreter leaves the second
-    core idle. On a GPU it is not measured yet (docs/server.md#several-engine-processes---engines-n)."""
+AUTO_ENGINES_MIN_MEMORY_GIB = 4   # two engine processes hold the models twice: a 4-model container 1.85 GB, not 0.88
+
+
+def engine_processes(settings: ServerSettings, device_type: str | None = None, cpus: int | None = None,
+                     memory_gib: float | None = None) -> int:
+    """How many engine processes `serve` runs: the setting, or for 0 (auto) 2 on a CPU with 2 or more cores and
+    4 GiB of memory or more, and 1 elsewhere. On two 2-core CPUs (an AMD EPYC and an Intel Xeon) two engine
+    processes wrote 1.7-2.0x the words of one flat out and kept as many speakers or more in real time; one
+    engine's interpreter leaves the second core idle. On a GPU it is not measured yet
+    (docs/server.md#several-engine-processes---engines-n)."""
     if settings.transport.engines:
         return settings.transport.engines
     if device_type is None and settings.serving.device == "cpu":
@@ -388,7 +393,12 @@ def engine_processes(settings: ServerSettings, device_type: str | None = None, c
         from models.checkpoint import pick_device
         device_type = pick_device(settings.serving.device).type
     cpus = cpus or os.cpu_count() or 1
-    return 2 if device_type == "cpu" and cpus >= 2 else 1
+    if memory_gib is None:
+        try:
+            memory_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+        except (ValueError, OSError):
+            memory_gib = 0.0
+    return 2 if device_type == "cpu" and cpus >= 2 and memory_gib >= AUTO_ENGINES_MIN_MEMORY_GIB else 1
 
 
 def engine_device(device: str, index: int, gpus: int) -> str:

@@ -130,10 +130,12 @@ def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu():
     with pytest.raises(SettingsError, match="engines"):
         load_settings(engines=17)
     cpu = load_settings(device="cpu")
-    assert engine_processes(cpu, cpus=2) == 2 and engine_processes(cpu, cpus=16) == 2
-    assert engine_processes(cpu, cpus=1) == 1                        # one core: one interpreter is enough
-    assert engine_processes(load_settings(device="cuda"), device_type="cuda", cpus=16) == 1   # not measured there
-    assert engine_processes(load_settings(device="cpu", engines=3), cpus=1) == 3   # the setting wins
+    assert engine_processes(cpu, cpus=2, memory_gib=4) == 2 and engine_processes(cpu, cpus=16, memory_gib=64) == 2
+    assert engine_processes(cpu, cpus=1, memory_gib=64) == 1         # one core: one interpreter is enough
+    assert engine_processes(cpu, cpus=2, memory_gib=3.5) == 1        # the models twice would not fit well
+    assert engine_processes(load_settings(device="cuda"), device_type="cuda", cpus=16, memory_gib=64) == 1
+    assert engine_processes(load_settings(device="cpu", engines=3), cpus=1, memory_gib=1) == 3   # the setting wins
+    assert engine_processes(cpu) in (1, 2)                           # this machine's own figures
     run = subprocess.run([sys.executable, "-m", "clients.cli", "serve", "--ray", "--engines", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--replicas" in run.stderr, run.stderr
