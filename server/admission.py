@@ -233,12 +233,14 @@ class Admission:
         with self._lock:
             self.loop.add_many((max(0.0, seconds),), self.clock())
 
-    def admit(self) -> float | None:
+    def admit(self, record: bool = True) -> float | None:
         """None: the stream may start (call `admitted` once it has); else refused: the seconds after which
-        to try again."""
+        to try again. record=False: the refusal is not counted among the refused clients that retry_after
+        spreads (the client is tried elsewhere first)."""
         if not self.enabled or not self.live or len(self.live) < self._open_capacity():
             return None
-        self.refusals.append(self.clock())
+        if record:
+            self.refusals.append(self.clock())
         return self.retry_after()
 
     def _open_capacity(self) -> int:

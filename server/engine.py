@@ -431,16 +431,17 @@ class ModelEngine:
         self._job_end = end
 
     # ---- admission (event loop; server/admission.py) --------------------------------------------
-    def admit(self) -> dict | None:
+    def admit(self, record: bool = True) -> dict | None:
         """Whether a new stream may start (before `attach`): None, or the `server_busy` error to send it.
-        Streams already admitted are never dropped or slowed for it."""
+        Streams already admitted are never dropped or slowed for it. record=False: a refusal is not counted
+        among the refused clients (--engines: the front end asks another engine next)."""
         if self.dec.pool.fixed and len(self.handles) >= self.capacity:
             # (the graphs forms' pool: a stream holds at most one slot, and a detached one's slot is freed before
             # any new stream's first step. One process never gets here: max_streams counts first. With
             # --engines N each engine's pool holds its share, and a front end tries the next engine)
             return _error("server_busy", f"model {self.name}: all {self.capacity} stream slots of this engine "
                           "process are taken; try again in 1 s", retry_after=1.0)
-        wait = self.admission.admit()
+        wait = self.admission.admit(record)
         if wait is None:
             return None
         e = self.admission.estimate

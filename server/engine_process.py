@@ -236,7 +236,9 @@ class EngineProcess:
     def attach(self, f: FrontEnd, m: Attach) -> None:
         try:
             eng = self.srv.engines[m.model]
-            busy = eng.admit()      # the front end has made every other check: a refused stream takes no share
+            # the front end has made every other check: a refused stream takes no share; one the front end
+            # will try on another engine is not a refused client (it would lengthen retry_after's estimate)
+            busy = eng.admit(record=m.final)
             if busy is None:
                 h = eng.attach(eng.policy_for(m.k, m.delta), Outbox(f, m.stream), None)
                 f.streams[m.stream] = (eng, h)

@@ -107,13 +107,15 @@ class RemoteSession(Session):
     async def _attach(self, engine: RemoteEngine, policy, msg):
         front = self.srv
         busy = error("internal_error", "the engine process has gone")
-        for i in front.engine_order():   # the least loaded first; the next if its admission refuses
+        order = front.engine_order()
+        for i in order:                  # the least loaded first; the next if its admission refuses
             h = RemoteHandle(next(front.stream_ids), front.links[i], i)
             front.streams[h.id] = (self, h)
             front.streams_on[i] += 1
             busy = error("internal_error", "the engine process has gone")
             try:
-                busy = await h.link.call(lambda req: Attach(req, self.conn, h.id, engine.name, msg.k, msg.delta))
+                busy = await h.link.call(lambda req: Attach(req, self.conn, h.id, engine.name, msg.k, msg.delta,
+                                                            final=i == order[-1]))
             except LinkClosed:
                 pass
             finally:

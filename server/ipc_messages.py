@@ -7,7 +7,8 @@ A front end asks (`req` numbers a request; the engine process answers with `Repl
     Connect     at the websocket upgrade: the global limits (per-address connections and failed keys,
                 readiness, max_streams); value: None (counted) or (error code, message or None)
     Attach      at `start`, after the checks a front end makes itself: admission by headroom and the
-                stream's handle; value: None (attached) or the `server_busy` error
+                stream's handle; value: None (attached) or the `server_busy` error. `final`: no other engine
+                is asked after this one, so a refusal here reaches the client and counts in its retry_after
     Owes        at the idle timeout: does the engine still owe this stream words? value: bool
     Status      for /health and /v1/models; value: `Status`
     Scrape      for /metrics; value: every process's samples (server/metrics_merge.py)
@@ -49,6 +50,7 @@ class Attach:
     model: str
     k: Any
     delta: Any
+    final: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

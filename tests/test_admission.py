@@ -201,6 +201,18 @@ def test_retry_after_is_spread_and_bounded():
     assert all(0.25 <= short.admit() <= 0.5 for _ in range(20))
 
 
+def test_a_refusal_not_recorded_leaves_retry_after_as_it_was():
+    """--engines: a stream refused by one engine and tried on the next is no refused client (record=False):
+    the refusals that retry_after spreads over the freed shares count only the clients that heard it."""
+    clock = Clock()
+    adm = Admission(retry_max_s=30.0, clock=clock, rng=random.Random(3))
+    feed(adm, clock, 100, linear_cycle, 20)
+    for i in range(adm.cap):
+        adm.admitted(10_000 + i)
+    assert adm.admit(record=False) is not None and len(adm.refusals) == 0   # refused all the same
+    assert adm.admit() is not None and len(adm.refusals) == 1
+
+
 def test_disabled_admits_everyone_and_still_estimates():
     clock = Clock()
     adm = Admission(enabled=False, clock=clock)

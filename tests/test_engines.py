@@ -144,7 +144,8 @@ def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu():
 def test_a_refused_stream_is_tried_on_the_next_engine_and_counted_where_it_lands():
     """RemoteSession._attach over real links (server/ipc.py on socket pairs) to two stand-in engine processes
     whose admission answers are set by the test: the least loaded is asked first, a refusal sends the stream to
-    the next, all refusing gives the client the last refusal, and each front end's counts follow."""
+    the next, all refusing gives the client the last refusal, and each front end's counts follow. Only the last
+    engine asked is told its refusal is final (the others' do not count as refused clients)."""
     from types import SimpleNamespace
 
     from server.frontend import FrontEndState, RemoteEngine, RemoteSession
@@ -155,7 +156,7 @@ def test_a_refused_stream_is_tried_on_the_next_engine_and_counted_where_it_lands
     async def main():
         busy = error("server_busy", "full", retry_after=1.0)
         verdicts = [None, None]          # what each engine answers the next Attach
-        asked, detached = [], []
+        asked, detached, finals = [], [], []
         front_links, tasks = [], []
         for i in range(2):
             a, b = socket.socketpair()
@@ -165,6 +166,7 @@ def test_a_refused_stream_is_tried_on_the_next_engine_and_counted_where_it_lands
             def handle(m, i=i, link=engine_link):
                 if type(m) is Attach:
                     asked.append(i)
+                    finals.append(m.final)
                     link.send(Reply(m.req, verdicts[i]))
                 elif type(m) is Detach:
                     detached.append((i, m.stream))
@@ -188,6 +190,7 @@ def test_a_refused_stream_is_tried_on_the_next_engine_and_counted_where_it_lands
         h3, refused = await session._attach(model, None, msg)
         assert h3 is None and refused["code"] == "server_busy" and asked[3:] == [1, 0]
         assert front.streams_on == [2, 0] and set(front.streams) == {h1.id, h2.id}
+        assert finals == [False, False, True, False, True]   # (h1 admitted by the first: never final)
         model.detach(h1)
         await asyncio.sleep(0.05)
         assert front.streams_on == [1, 0] and detached == [(0, h1.id)]
