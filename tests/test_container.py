@@ -242,8 +242,10 @@ def test_two_replicas_behind_nginx_survive_one_stopping(engine, image, nginx_fro
     n_streams, wpm = 4, 900
     try:
         for name, port in zip(names, ports):
-            # one named form: `auto` times the forms in each replica, and two replicas could choose apart
-            engine.run_server(name, port, SIMULSERVE_MODELS=f"{MODEL}={MODEL}", SIMULSERVE_STEP="int8")
+            # one named form: `auto` times the forms in each replica, and two replicas could choose apart;
+            # one engine process each, as docker/compose.scale.yaml runs its replicas
+            engine.run_server(name, port, SIMULSERVE_MODELS=f"{MODEL}={MODEL}", SIMULSERVE_STEP="int8",
+                              SIMULSERVE_ENGINES="1")
         for name, url in zip(names, direct):
             wait_healthy(engine, name, url)
         front = nginx_front(ports)

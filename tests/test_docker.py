@@ -213,6 +213,8 @@ def test_compose_files_have_the_services_and_health_checks():
     replicas, nginx = scale["services"]["simulserve"], scale["services"]["nginx"]
     assert "replicas" in replicas["deploy"] and "ports" not in replicas, "only nginx is published"
     assert "/health" in " ".join(replicas["healthcheck"]["test"])
+    # the replicas are the parallelism: one engine process each (a lone server on a multi-core CPU runs two)
+    assert replicas["environment"]["SIMULSERVE_ENGINES"] == "${SIMULSERVE_ENGINES:-1}"
     assert nginx["depends_on"]["simulserve"]["condition"] == "service_healthy"
     conf_mount = next(v for v in nginx["volumes"] if v.split(":")[1] == "/etc/nginx/nginx.conf")
     assert (COMPOSE_SCALE.parent / conf_mount.split(":")[0]).resolve() == DOCKER / "nginx.conf"
