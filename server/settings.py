@@ -366,13 +366,17 @@ def front_end_processes(settings: ServerSettings, device_type: str | None = None
     process; on a 2-core CPU one process kept as many speakers (docs/server.md#several-processes---workers-n)."""
     if settings.transport.workers:
         return settings.transport.workers
-    if device_type is None and settings.serving.device == "cpu":
-        device_type = "cpu"   # (no torch import in the parent process for that)
-    if device_type is None:
-        from models.checkpoint import pick_device
-        device_type = pick_device(settings.serving.device).type
+    device_type = device_type or _device_type(settings)
     cpus = cpus or os.cpu_count() or 1
     return 4 if device_type == "cuda" and cpus >= 8 else 1
+
+
+def _device_type(settings: ServerSettings) -> str:
+    """cpu or cuda (...): where `serve`'s models will step, as the process layout's auto settings see it."""
+    if settings.serving.device == "cpu":
+        return "cpu"   # (no torch import in the parent process for that)
+    from models.checkpoint import pick_device
+    return pick_device(settings.serving.device).type
 
 
 AUTO_ENGINES_MIN_MEMORY_GIB = 4   # two engine processes hold the models twice: a 4-model container 1.85 GB, not 0.88
@@ -387,11 +391,7 @@ def engine_processes(settings: ServerSettings, device_type: str | None = None, c
     (docs/server.md#several-engine-processes---engines-n)."""
     if settings.transport.engines:
         return settings.transport.engines
-    if device_type is None and settings.serving.device == "cpu":
-        device_type = "cpu"   # (no torch import in the parent process for that)
-    if device_type is None:
-        from models.checkpoint import pick_device
-        device_type = pick_device(settings.serving.device).type
+    device_type = device_type or _device_type(settings)
     cpus = cpus or os.cpu_count() or 1
     if memory_gib is None:
         try:
