@@ -203,6 +203,7 @@ def run(args) -> int:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
         from server.settings import engine_processes, front_end_processes
         settings.workers = front_end_processes(settings)   # 0: chosen by the device (settings.py)
+        engines_auto = not settings.transport.engines
         settings.engines = engine_processes(settings)
         if apart(settings):   # engine processes and N front ends (server/workers.py)
             from server.settings import resolve_models
@@ -220,9 +221,12 @@ def run(args) -> int:
     if apart(settings):
         scheme = "wss" if settings.transport.ssl_certfile else "ws"
         engines, fronts = settings.transport.engines, settings.transport.workers
+        # (auto's two engine processes hold the models twice: say how to get one)
+        why = "; engines auto on a multi-core CPU: --engines 1 runs one process" if engines_auto and engines > 1 else ""
         print(f"simulserve: serving {', '.join(served)} on "
               f"{scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
-              f"({fronts} front-end process{'es' * (fronts > 1)}, {engines} engine process{'es' * (engines > 1)})",
+              f"({fronts} front-end process{'es' * (fronts > 1)}, {engines} engine process{'es' * (engines > 1)}"
+              f"{why})",
               file=sys.stderr, flush=True)
         from server.workers import serve_workers
         return serve_workers(settings)

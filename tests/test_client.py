@@ -137,3 +137,10 @@ def test_serve_command_and_missing_models(trained, sentences, monkeypatch, tmp_p
     finally:
         proc.terminate()
         proc.wait(10)
+    # the layout it ran, as `engines` auto chose it here (two engine processes on a multi-core CPU with the memory)
+    from server.settings import engine_processes
+    first = proc.stderr.read().splitlines()[0]
+    if engine_processes(load_settings()) > 1:
+        assert "2 engine processes; engines auto on a multi-core CPU: --engines 1 runs one process)" in first, first
+    else:
+        assert first.endswith(f"127.0.0.1:{port}/v1/stream"), first
