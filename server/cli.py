@@ -201,7 +201,7 @@ def run(args) -> int:
         return run_ray(args)
     try:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
-        from server.settings import engine_processes, front_end_processes
+        from server.settings import engine_processes, front_end_processes, serving_device_type
         settings.workers = front_end_processes(settings)   # 0: chosen by the device (settings.py)
         engines_auto = not settings.transport.engines
         settings.engines = engine_processes(settings)
@@ -222,7 +222,8 @@ def run(args) -> int:
         scheme = "wss" if settings.transport.ssl_certfile else "ws"
         engines, fronts = settings.transport.engines, settings.transport.workers
         # (auto's two engine processes hold the models twice: say how to get one)
-        why = "; engines auto on a multi-core CPU: --engines 1 runs one process" if engines_auto and engines > 1 else ""
+        where = "a CUDA GPU" if serving_device_type(settings) == "cuda" else "a multi-core CPU"
+        why = f"; engines auto on {where}: --engines 1 runs one process" if engines_auto and engines > 1 else ""
         print(f"simulserve: serving {', '.join(served)} on "
               f"{scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
               f"({fronts} front-end process{'es' * (fronts > 1)}, {engines} engine process{'es' * (engines > 1)}"

@@ -366,12 +366,12 @@ def front_end_processes(settings: ServerSettings, device_type: str | None = None
     process; on a 2-core CPU one process kept as many speakers (docs/server.md#several-processes---workers-n)."""
     if settings.transport.workers:
         return settings.transport.workers
-    device_type = device_type or _device_type(settings)
+    device_type = device_type or serving_device_type(settings)
     cpus = cpus or os.cpu_count() or 1
     return 4 if device_type == "cuda" and cpus >= 8 else 1
 
 
-def _device_type(settings: ServerSettings) -> str:
+def serving_device_type(settings: ServerSettings) -> str:
     """cpu or cuda (...): where `serve`'s models will step, as the process layout's auto settings see it."""
     if settings.serving.device == "cpu":
         return "cpu"   # (no torch import in the parent process for that)
@@ -384,21 +384,25 @@ AUTO_ENGINES_MIN_MEMORY_GIB = 4   # two engine processes hold the models twice: 
 
 def engine_processes(settings: ServerSettings, device_type: str | None = None, cpus: int | None = None,
                      memory_gib: float | None = None) -> int:
-    """How many engine processes `serve` runs: the setting, or for 0 (auto) 2 on a CPU with 2 or more cores and
-    4 GiB of memory or more, and 1 elsewhere. On two 2-core CPUs (an AMD EPYC and an Intel Xeon) two engine
-    processes wrote 1.7-2.0x the words of one flat out and kept as many speakers or more in real time; one
-    engine's interpreter leaves the second core idle. On a GPU it is not measured yet
-    (docs/server.md#several-engine-processes---engines-n)."""
+    """How many engine processes `serve` runs: the setting, or for 0 (auto) 2 on a CPU with 2 or more cores, or
+    on a CUDA GPU with 8 or more CPUs, given 4 GiB of memory or more; 1 elsewhere. One engine's interpreter is
+    the bound on both: on two 2-core CPUs (an AMD EPYC and an Intel Xeon) two engine processes wrote 1.7-2.0x
+    the words of one flat out and kept as many speakers or more in real time; on an H200 with 16 CPUs they wrote
+    about 2x the words (29,000-32,000 a second against 13,400-14,700) and kept 4,000 speakers in real time where
+    one missed (docs/server.md#several-engine-processes---engines-n)."""
     if settings.transport.engines:
         return settings.transport.engines
-    device_type = device_type or _device_type(settings)
+    device_type = device_type or serving_device_type(settings)
     cpus = cpus or os.cpu_count() or 1
     if memory_gib is None:
         try:
             memory_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
         except (ValueError, OSError):
             memory_gib = 0.0
-    return 2 if device_type == "cpu" and cpus >= 2 and memory_gib >= AUTO_ENGINES_MIN_MEMORY_GIB else 1
+    if memory_gib < AUTO_ENGINES_MIN_MEMORY_GIB:
+        return 1
+    # a GPU's engine also needs CPUs beside the 4 front ends workers auto gives it there
+    return 2 if (device_type == "cpu" and cpus >= 2) or (device_type == "cuda" and cpus >= 8) else 1
 
 
 def engine_device(device: str, index: int, gpus: int) -> str:

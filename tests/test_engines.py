@@ -121,7 +121,7 @@ def test_headroom_of_several_engines_adds_up_and_keeps_the_worst():
     assert combine([part(1, "cold", None), part(1, "measured", 9.0)]).state == "measured"
 
 
-def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu():
+def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu_or_a_gpu():
     from server.settings import SettingsError, engine_processes, load_settings
     assert load_settings().engines == 0                              # auto
     assert load_settings(engines=3).transport.engines == 3
@@ -133,7 +133,11 @@ def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu():
     assert engine_processes(cpu, cpus=2, memory_gib=4) == 2 and engine_processes(cpu, cpus=16, memory_gib=64) == 2
     assert engine_processes(cpu, cpus=1, memory_gib=64) == 1         # one core: one interpreter is enough
     assert engine_processes(cpu, cpus=2, memory_gib=3.5) == 1        # the models twice would not fit well
-    assert engine_processes(load_settings(device="cuda"), device_type="cuda", cpus=16, memory_gib=64) == 1
+    gpu = load_settings(device="cuda")
+    assert engine_processes(gpu, device_type="cuda", cpus=16, memory_gib=64) == 2   # one interpreter bounds a GPU too
+    assert engine_processes(gpu, device_type="cuda", cpus=4, memory_gib=64) == 1    # too few CPUs beside 4 front ends
+    assert engine_processes(gpu, device_type="cuda", cpus=16, memory_gib=3) == 1
+    assert engine_processes(gpu, device_type="mps", cpus=16, memory_gib=64) == 1    # not measured there
     assert engine_processes(load_settings(device="cpu", engines=3), cpus=1, memory_gib=1) == 3   # the setting wins
     assert engine_processes(cpu) in (1, 2)                           # this machine's own figures
     run = subprocess.run([sys.executable, "-m", "clients.cli", "serve", "--ray", "--engines", "2"], cwd=ROOT,
