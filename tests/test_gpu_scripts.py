@@ -243,7 +243,8 @@ def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):
     """PLAN=1 lists every part with its budget and runs nothing; QUICK=1 keeps what the targets need (the replay
     tests, bench step of the default form, the server's defaults) within 240 s of budgets, a minute of the five
     left for the machine's start; FLAT_OUT=1 adds the engine alone and the server with --overlap off beside the
-    defaults (the A/B of overlapped jobs) and the server with --engines 2, within 480 s; a budget given explicitly
+    defaults (the A/B of overlapped jobs) and the server with --engines 1 (the A/B against the defaults' two engine
+    processes on a GPU), within 480 s; a budget given explicitly
     still wins."""
     def plan(**env):
         r = subprocess.run(["bash", str(GPU / "check.sh")], cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -266,7 +267,7 @@ def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):
     assert quick_total < ab_total <= 480
     for needed in ("the engine alone flat out at 1024 streams, graphs-encoder (", "engine alone flat out at 1024 "
                    "streams, graphs-encoder, --overlap off", "bench server, the server's defaults but --overlap off",
-                   "bench server, the server's defaults with --engines 2"):
+                   "bench server, the server's defaults with --engines 1"):
         assert any(name.startswith(needed) or needed in name for name in ab), (needed, ab)
     mine, _ = plan(QUICK="1", BUDGET_PROFILE="70")
     assert any("profile" in name and budget == 70 for name, budget in mine.items())
@@ -284,6 +285,10 @@ def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tm
     fake.write_text(f'#!/bin/sh\n[ "$1" = -d ] && what=start || what="$(cat)"\n'
                     f'echo "$what $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> {calls}\n')
     fake.chmod(0o755)
+    smi = tmp_path / "bin" / "nvidia-smi"   # and a stand-in sampler: SM utilisation only for the parts that run
+    smi.write_text(f'#!/bin/sh\n[ "$1" = dmon ] || exit 0\necho dmon >> {calls}.dmon\n'
+                   'while true; do echo "    0     37      5"; sleep 0.2; done\n')
+    smi.chmod(0o755)
     budgets = {f"BUDGET_{p}": "0" for p in ("TESTS", "STEP", "SERVER", "ENGINE_FLAT", "ENGINE_NO_OVERLAP", "PROFILE")}
 
     def check(path, **env):
@@ -302,6 +307,9 @@ def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tm
     part = report.split("under MPS, no admission", 1)[1]
     assert "MPS: control daemon started" in report.split("under MPS", 1)[0] and "MPS: control daemon stopped" in part
     assert "stopped at its budget of 1 s" in part                     # (the server itself: cut off at its second)
+    assert (tmp_path / "calls.txt.dmon").read_text().split() == ["dmon"]   # one sampler, for the one part run
+    assert "SM utilisation during this server run (nvidia-smi dmon, % per second): mean 37.0" in part
+    assert "cannot open" not in report and report.count("SM utilisation") == 1
     calls.unlink()
     assert "MPS:" not in check(f"{fake.parent}:{os.environ['PATH']}")   # budget 0: no daemon, nothing said
     assert not calls.exists()

@@ -21,10 +21,10 @@
 #
 # QUICK=1: the parts the issue's targets need, within 5 minutes of device time with the machine's start: the
 # graph-replay tests against eager and the CPU, bench step with the default form (small and large batches), the
-# server's defaults at 1,000 and 2,000 speakers and flat out; no engine-alone run, no profile. FLAT_OUT=1 (with
+# server's defaults at 1,000 and 4,000 speakers and flat out; no engine-alone run, no profile. FLAT_OUT=1 (with
 # QUICK or without) adds what the flat-out target needs to know: the engine alone flat out with the default and
-# with --overlap off, the server with --overlap off at NO_OVERLAP_LEVELS and flat out, and the server with two
-# engine processes (--engines 2) at ENGINES_LEVELS and flat out (230 s). Its budgets come
+# with --overlap off, the server with --overlap off at NO_OVERLAP_LEVELS and flat out, and the server with
+# --engines ENGINES (1: the A/B against the defaults' two engine processes) at ENGINES_LEVELS and flat out (230 s). Its budgets come
 # from the H200 at d0771c7, where QUICK's earlier budgets cut three parts: the 20 graph tests took about 110 s,
 # bench step with three forms over 35 s a size (graphs-encoder alone 20 and 31 s), three ramp levels and the
 # flat-out rows over 110 s. PLAN=1: print each part and its budget, and their sum, and run nothing.
@@ -36,7 +36,7 @@ if [ "${FLAT_OUT:-0}" = 1 ]; then   # the flat-out experiments, QUICK or not (a 
 fi
 if [ "${QUICK:-0}" = 1 ]; then
   : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
-  : "${SERVER_LEVELS:=1000,2000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
+  : "${SERVER_LEVELS:=1000,4000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
   : "${BUDGET_ENGINE_NO_OVERLAP:=0}"
 fi
 PLAN="${PLAN:-0}"
@@ -82,12 +82,13 @@ BUDGET_ENGINE_NO_OVERLAP="${BUDGET_ENGINE_NO_OVERLAP:-35}"   # the same with --o
 BUDGET_SERVER_NO_OVERLAP="${BUDGET_SERVER_NO_OVERLAP:-0}"   # the server's defaults with --overlap off, at NO_OVERLAP_LEVELS
 NO_OVERLAP_LEVELS="${NO_OVERLAP_LEVELS:-2000}"                #   and flat out
 BUDGET_SERVER_ENGINES="${BUDGET_SERVER_ENGINES:-0}"   # the server's defaults with --engines ENGINES, at ENGINES_LEVELS and flat out
-ENGINES="${ENGINES:-2}"
+ENGINES="${ENGINES:-1}"   # the A/B against the defaults, whose engines auto is 2 on a GPU with 8+ CPUs since 9101a18's check
 ENGINES_LEVELS="${ENGINES_LEVELS:-2000}"   # one level: the flat-out row (after the ramp) must fit the budget; none: flat out only
 if [ "$ENGINES_LEVELS" = none ]; then ENGINES_PHASES=(--skip ramp,soak); else ENGINES_PHASES=(--levels "$ENGINES_LEVELS" --level-seconds 8 --skip soak); fi
 # the same server with the engine processes' kernels run at once under NVIDIA's MPS (a control daemon started for
 # that part alone, stopped after it; without MPS their CUDA contexts take turns on the GPU); 100 runs it
 BUDGET_SERVER_ENGINES_MPS="${BUDGET_SERVER_ENGINES_MPS:-0}"
+MPS_ENGINES="${MPS_ENGINES:-2}"   # (9101a18 on the H200: 2 engines wrote as many words with MPS as without, 4 more)
 BUDGET_TWO_ENGINES="${BUDGET_TWO_ENGINES:-0}"   # two_engines.sh: two engines alone at once, half the streams each; 45 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
 BUDGET_SERVER_DECODER="${BUDGET_SERVER_DECODER:-0}"   # --step graphs (the default before 3be976b) at DECODER_LEVELS and flat out
@@ -104,12 +105,13 @@ OVERLOAD_LEVELS="${OVERLOAD_LEVELS:-5000,10000}"
 if [ "$PLAN" = 1 ]; then   # the parts and their budgets, nothing run, nothing installed
   planned=0
   step() { [ "$2" = 0 ] && echo "skipped  $1" || { echo "$(printf '%4d' "$2") s   $1"; planned=$((planned + $2)); }; }
-  dmon_on() { :; }; dmon_off() { :; }; front_end_count() { echo auto; }
+  dmon_on() { :; }; dmon_off() { :; }; front_end_count() { echo auto; }; engine_count() { echo auto; }
   . <(sed -n '/^# ---- the parts/,/^# ---- end of the parts/p' "$0")
   echo "total: $planned s of budgets (besides installing the carried wheels and unpacking the test sets)"
   exit 0
 fi
 front_end_count() { "$PY" -c 'from server.settings import front_end_processes, load_settings; print(front_end_processes(load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
+engine_count() { "$PY" -c 'from server.settings import engine_processes, load_settings; print(engine_processes(load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
 if [ ! -f "$DATA/test.de" ] && [ -f .gpu/data.tar.xz ]; then   # the test sets as pack.sh check packs them
   mkdir -p "$DATA" && tar -xJf .gpu/data.tar.xz -C "$DATA"
@@ -149,7 +151,8 @@ say '```'
   || [ "$DEVICE" = cpu ] || { say "no CUDA device: nothing to check"; echo "no CUDA device"; exit 1; }
 
 # SM utilisation sampled once a second through each server run (nvidia-smi dmon), summarised after it
-dmon_on() { if command -v nvidia-smi >/dev/null; then nvidia-smi dmon -s u -d 1 > "$DIR/dmon_$1.txt" 2>&1 & dmon=$!; fi; }
+# (dmon_on NAME BUDGET: none for a part left out, whose summary would read a file the sampler had no time to open)
+dmon_on() { if [ "${2:-1}" != 0 ] && command -v nvidia-smi >/dev/null; then nvidia-smi dmon -s u -d 1 > "$DIR/dmon_$1.txt" 2>&1 & dmon=$!; fi; }
 dmon_off() {
   [ -n "${dmon:-}" ] || return 0
   kill "$dmon" 2>/dev/null; dmon=
@@ -171,8 +174,8 @@ step "bench engine" "$BUDGET_ENGINE" \
   simulserve bench engine --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --count 3
 step "graph breaks of the compiled step on $DEVICE (one graph each on the CPU: docs/benchmarks.md)" "$BUDGET_GRAPHS" \
   "$PY" recipes/graph_breaks.py --device $DEVICE
-dmon_on defaults
-step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, workers auto = $(front_end_count)), no admission" "$BUDGET_SERVER" \
+dmon_on defaults "$BUDGET_SERVER"
+step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, workers auto = $(front_end_count), engines auto = $(engine_count)), no admission" "$BUDGET_SERVER" \
   simulserve bench server --device $DEVICE --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
@@ -188,16 +191,16 @@ step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder (
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, --overlap off" "$BUDGET_ENGINE_NO_OVERLAP" \
   "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
   --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --overlap off --json "$DIR/engine_flat_out_no_overlap.json"
-dmon_on no_overlap
+dmon_on no_overlap "$BUDGET_SERVER_NO_OVERLAP"
 step "bench server, the server's defaults but --overlap off, no admission" "$BUDGET_SERVER_NO_OVERLAP" \
   simulserve bench server --device $DEVICE --overlap off --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$NO_OVERLAP_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
   --skip soak --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_no_overlap.json"
 dmon_off no_overlap
-# the server with two engine processes on the one GPU (serve --engines 2): whether the words and speakers one
-# engine's interpreter bounds add up behind the same front ends (docs/server.md, several engine processes);
-# a follow-up command can try more: ENGINES=3 ENGINES_LEVELS=none BUDGET_SERVER_ENGINES=60 (flat out only)
-dmon_on engines
+# the server with --engines ENGINES on the one GPU: by default 1, against the defaults' two engine processes
+# (docs/server.md, several engine processes); a follow-up command can try more: ENGINES=4 ENGINES_LEVELS=none
+# BUDGET_SERVER_ENGINES=60 (flat out only)
+dmon_on engines "$BUDGET_SERVER_ENGINES"
 step "bench server, the server's defaults with --engines $ENGINES, no admission" "$BUDGET_SERVER_ENGINES" \
   simulserve bench server --device $DEVICE --engines "$ENGINES" --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   "${ENGINES_PHASES[@]}" --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
@@ -218,11 +221,11 @@ mps_off() {
   say "" "MPS: control daemon stopped; its log: $(tail -n 3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tr '\n' ' ')"
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
-mps_on "$BUDGET_SERVER_ENGINES_MPS"; dmon_on engines_mps
-step "bench server, the server's defaults with --engines $ENGINES under MPS, no admission" "$BUDGET_SERVER_ENGINES_MPS" \
-  simulserve bench server --device $DEVICE --engines "$ENGINES" --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+mps_on "$BUDGET_SERVER_ENGINES_MPS"; dmon_on engines_mps "$BUDGET_SERVER_ENGINES_MPS"
+step "bench server, the server's defaults with --engines $MPS_ENGINES under MPS, no admission" "$BUDGET_SERVER_ENGINES_MPS" \
+  simulserve bench server --device $DEVICE --engines "$MPS_ENGINES" --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   "${ENGINES_PHASES[@]}" --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
-  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_engines${ENGINES}_mps.json"
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_engines${MPS_ENGINES}_mps.json"
 dmon_off engines_mps; mps_off
 # two engines alone (no server), flat out at once with half the streams each (recipes/gpu/two_engines.sh)
 step "two engines alone flat out at once on the one GPU, $((THROUGHPUT_STREAMS / 2)) streams each (recipes/gpu/two_engines.sh)" "$BUDGET_TWO_ENGINES" \
@@ -242,7 +245,7 @@ step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, 
 step "the engine alone flat out at $THROUGHPUT_STREAMS streams, graphs-encoder, jobs of up to 512 rows" "$BUDGET_ENGINE_BATCH512" \
   "$PY" recipes/engine_flat_out.py --device $DEVICE --step graphs-encoder -m "$CKPT" --source "$DATA/test.de" \
   --streams "$THROUGHPUT_STREAMS" --seconds 15 --parts --max-batch 512 --json "$DIR/engine_flat_out_batch512.json"
-dmon_on decoder
+dmon_on decoder "$BUDGET_SERVER_DECODER"
 step "bench server, --step graphs (the decoder's step alone captured), otherwise the defaults, no admission" "$BUDGET_SERVER_DECODER" \
   simulserve bench server --device $DEVICE --step graphs --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$DECODER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
@@ -251,17 +254,17 @@ dmon_off decoder
 step "profile of the process that steps the models, $([ "$PROFILE_SPEAKERS" = flat ] && echo "flat out at $THROUGHPUT_STREAMS streams" || echo "at $PROFILE_SPEAKERS speakers") (py-spy; recipes/gpu/profile_engine.sh)" "$BUDGET_PROFILE" \
   env DEVICE="$DEVICE" PY="$PY" DATA="$DATA" CKPT="$CKPT" CLIENT_PROCS="$CLIENT_PROCS" PROFILE_SPEAKERS="$PROFILE_SPEAKERS" \
   THROUGHPUT_STREAMS="$THROUGHPUT_STREAMS" bash recipes/gpu/profile_engine.sh "$DIR"
-dmon_on one
+dmon_on one "$BUDGET_SERVER_ONE"
 step "bench server, graphs form in one process (--workers 1), no admission" "$BUDGET_SERVER_ONE" \
   simulserve bench server --device $DEVICE --step graphs --workers 1 --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$ONE_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_one.json"
 dmon_off one
-dmon_on two
+dmon_on two "$BUDGET_TWO"
 step "two servers on the one GPU, half the speakers each (recipes/gpu/two_servers.sh; levels per server: ${TWO_LEVELS:-500,1000})" "$BUDGET_TWO" \
   env DEVICE="$DEVICE" DATA="$DATA" CKPT="$CKPT" CLIENT_PROCS="$CLIENT_PROCS" bash recipes/gpu/two_servers.sh "$DIR"
 dmon_off two
-dmon_on admission
+dmon_on admission "$BUDGET_ADMISSION"
 step "bench server: admission by headroom past capacity (the defaults)" "$BUDGET_ADMISSION" \
   simulserve bench server --device $DEVICE --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$ADMISSION_LEVELS" --overload "$OVERLOAD_LEVELS" --level-seconds 8 --skip throughput,soak \
