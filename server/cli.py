@@ -34,13 +34,9 @@ FLAGS = {
     "--boundary-model": ("boundary_model", {"help": "the sentence-boundary classifier of auto_segment "
                                                     "'boundary' (default: the shipped German one)"}),
     "--torch-threads": ("torch_threads", {"type": int, "help": "torch intra-op threads (default: CPUs - 1)"}),
-    "--workers": ("workers", {"type": int, "help": "front-end processes (websockets, JSON, limits) beside one "
-                                                   "engine process that steps the models (default 0: 4 on a "
-                                                   "CUDA GPU with 8+ CPUs, else 1, one process; docs/server.md)"}),
-    "--engines": ("engines", {"type": int, "help": "engine processes on the device, each with its own models and "
-                                                   "stepping thread; new streams go to the least loaded "
-                                                   "(default 0: 2 on a CPU with 2+ cores and 4+ GiB, else 1; "
-                                                   "docs/server.md)"}),
+    # (no help here: the settings' own description, so that the auto rules are written once)
+    "--workers": ("workers", {"type": int}),
+    "--engines": ("engines", {"type": int}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
@@ -146,7 +142,9 @@ def register(sub) -> None:
     p.add_argument("models", nargs="*", metavar="NAME=PATH",
                    help="checkpoints to serve (a directory or a shipped model name; NAME= may be left out)")
     p.add_argument("--config", help="YAML settings file (also $SIMULSERVE_CONFIG)")
-    for flag, (_, kw) in FLAGS.items():
+    from server.settings import ServerSettings
+    for flag, (field, kw) in FLAGS.items():
+        kw = {"help": ServerSettings.model_fields[field].description, **kw}
         p.add_argument(flag, default=None, **kw)
     for flag, (_, help_) in LIST_FLAGS.items():
         p.add_argument(flag, action="append", default=None, help=help_)

@@ -148,7 +148,8 @@ class ServerSettings(BaseSettings):
     engines: int = Field(0, ge=0, le=16, description="engine processes, each with its own copy of the models and "
                                                      "its own stepping thread, on the same device; new streams "
                                                      "go to the least loaded (0, the default: 2 on a CPU with 2 "
-                                                     "or more cores and 4 GiB or more, else 1; more than 1 runs "
+                                                     "or more cores or a CUDA GPU with 8 or more CPUs, given 4 GiB "
+                                                     "of memory or more, else 1; more than 1 runs "
                                                      "the front ends apart, as --workers; "
                                                      "docs/server.md#several-engine-processes---engines-n)")
     # engine

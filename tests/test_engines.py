@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -122,7 +123,7 @@ def test_headroom_of_several_engines_adds_up_and_keeps_the_worst():
 
 
 def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu_or_a_gpu():
-    from server.settings import SettingsError, engine_processes, load_settings
+    from server.settings import ServerSettings, SettingsError, engine_processes, load_settings
     assert load_settings().engines == 0                              # auto
     assert load_settings(engines=3).transport.engines == 3
     with pytest.raises(SettingsError, match="engines"):
@@ -143,6 +144,12 @@ def test_engines_setting_is_checked_and_auto_picks_two_on_a_multi_core_cpu_or_a_
     run = subprocess.run([sys.executable, "-m", "clients.cli", "serve", "--ray", "--engines", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--replicas" in run.stderr, run.stderr
+    # the flags' help is the settings' description: the auto rule is written once
+    usage = subprocess.run([sys.executable, "-m", "clients.cli", "serve", "--help"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "1000"})
+    described = ServerSettings.model_fields["engines"].description
+    assert described.startswith("engine processes") and described in usage.stdout, usage.stdout[-2000:]
+    assert ServerSettings.model_fields["workers"].description in usage.stdout
 
 
 def test_a_refused_stream_is_tried_on_the_next_engine_and_counted_where_it_lands():
