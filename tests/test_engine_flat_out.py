@@ -144,3 +144,30 @@ def test_row_cost_times_the_results_of_a_job_per_row(tmp_path):
     missing = subprocess.run([sys.executable, str(ROOT / "recipes/row_cost.py"), "--source", str(tmp_path / "no")],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no sentence pairs" in missing.stderr
+
+
+def test_host_python_times_the_step_outside_the_graphs_replays(tmp_path):
+    """recipes/host_python.py on the tiny model: per batch size, one positive host figure a round that is part
+    of the step's wall time (the replays' share is the rest); fewer steps with two streams than one; a bad
+    batch size refused."""
+    tiny = tmp_path / "tiny"
+    made = subprocess.run([sys.executable, str(ROOT / "recipes/engine_flat_out.py"), "--tiny", "--save-tiny",
+                           str(tiny)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    src = tmp_path / "src.de"
+    src.write_text("das ist ein Haus\nich gehe heute nach Hause\nguten Morgen\n")
+    out = tmp_path / "host.json"
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/host_python.py"), "-m", str(tiny), "--source", str(src),
+                        "--batch-sizes", "1,2", "--rounds", "2", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"1", "2"} and all(len(rounds) == 2 for rounds in figures.values())
+    for rounds in figures.values():
+        for f in rounds:
+            assert f["host_us_per_step"] > 0 and f["replay_us_per_step"] > 0 and f["steps"] > 0
+    assert figures["1"][0]["steps"] > figures["2"][0]["steps"]   # two streams share steps
+    assert "| 1 |" in r.stdout and "| 2 |" in r.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "recipes/host_python.py"), "-m", str(tiny), "--source",
+                          str(src), "--batch-sizes", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "batch sizes" in bad.stderr

@@ -1,0 +1,98 @@
+"""The host's Python in a step of the graphs forms, outside the graphs' replays: what `bench step`'s "host
+ms/step" on a GPU would be if the device were infinitely fast and every copy free.
+
+    python recipes/host_python.py                       # gma_delta1, 8 sentences, batches 1 and 8, 5 rounds
+
+Each step's wall time (`StreamingDecoder.step`, as `bench step` times it) less the time spent in the graphs'
+replays (`CapturedSteps._replay`: copying the inputs in and running the graph; on the CPU the same shapes run
+eagerly there). What is left is the step's own host work: the checks of every stream, planning the encoder and
+decoder rows, the one upload, reading the decisions back and applying them (tokens, words). On a GPU the
+replay is a launch and the read back waits for the device, so this split only means something on the CPU;
+there it says how the host's Python grows with the batch, which `bench step` on a GPU cannot tell apart from
+device work that is no kernel (copies, gaps between a graph's kernels). Batch sizes alternate within each
+round, with the sentences arriving word by word in lockstep, as `bench step`'s small batches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.benchmarks.host_overhead import TimedDecoder  # noqa: E402
+from models.checkpoint import load_checkpoint  # noqa: E402
+from models.cpu_info import cpu_summary  # noqa: E402
+from models.shipped import resolve_checkpoint  # noqa: E402
+from models.translate import simulate  # noqa: E402
+
+
+def measure(decoder: TimedDecoder, sentences: list[str], batch_sizes: list[int], rounds: int) -> dict[int, list]:
+    """µs of host work per step outside the replays, per batch size, one figure per round."""
+    graphs, spent = decoder.graphs, [0.0]
+    replay = graphs._replay
+
+    def timed(*args):
+        t0 = time.perf_counter()
+        try:
+            return replay(*args)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    graphs._replay = timed
+    try:
+        for b in batch_sizes:   # first-call costs out of the timings
+            simulate(decoder, sentences, batch_size=b)
+        out: dict[int, list] = {b: [] for b in batch_sizes}
+        for _ in range(rounds):
+            for b in batch_sizes:
+                decoder.step_seconds, spent[0] = [], 0.0
+                simulate(decoder, sentences, batch_size=b)
+                n = len(decoder.step_seconds)
+                if not n:
+                    raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
+                out[b].append({"host_us_per_step": (sum(decoder.step_seconds) - spent[0]) / n * 1e6,
+                               "replay_us_per_step": spent[0] / n * 1e6, "steps": n})
+        return out
+    finally:
+        del graphs._replay   # (the instance attribute: the class's method again)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default="gma_delta1", help="checkpoint directory or shipped name")
+    p.add_argument("--source", default="data/de-en-everyday/test.de")
+    p.add_argument("--sentences", type=int, default=8, help="source lines of 1-30 words, from the top")
+    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--form", default="graphs-encoder", choices=["graphs", "graphs-encoder"])
+    p.add_argument("--json", help="write the figures here too")
+    a = p.parse_args()
+    batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
+    if min(batch_sizes) < 1 or a.rounds < 1:
+        p.error("batch sizes and rounds must be 1 or more")
+    lines = [line.strip() for line in open(a.source, encoding="utf-8") if 0 < len(line.split()) <= 30]
+    if not lines:
+        p.error(f"{a.source}: no line of 1-30 words")
+    torch.set_num_threads(1)   # (the server's engine on a GPU steps on one thread too)
+    model, tok, _ = load_checkpoint(resolve_checkpoint(a.model))   # (CPU: see the docstring)
+    decoder = TimedDecoder(model, tok, form=a.form)
+    decoder.capture_graphs(max(batch_sizes), max(batch_sizes))   # as bench step: once, for every size
+    figures = measure(decoder, lines[:a.sentences], batch_sizes, a.rounds)
+    print(f"{cpu_summary()['line']}; torch {torch.__version__}; {a.model}, form {a.form} on the CPU, "
+          f"{min(a.sentences, len(lines))} sentences word by word, {a.rounds} rounds")
+    print("| batch | steps | host µs/step outside the replays, each round | median | replays µs/step (median) |")
+    print("|---:|---:|---|---:|---:|")
+    for b, rows in figures.items():
+        host = [r["host_us_per_step"] for r in rows]
+        print(f"| {b} | {rows[0]['steps']} | {', '.join(f'{x:.0f}' for x in host)} | {statistics.median(host):.0f} "
+              f"| {statistics.median(r['replay_us_per_step'] for r in rows):.0f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({str(b): rows for b, rows in figures.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
