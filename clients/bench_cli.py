@@ -70,7 +70,12 @@ def register(sub) -> None:
                "                  calls: device->host reads the host waits for on a GPU\n"
                "  launches/step (CUDA only)  cudaLaunchKernel(ExC), cuLaunchKernel(Ex) and cudaGraphLaunch calls\n"
                "  memcpy/step, syncs/step (CUDA only)  Memcpy HtoD/DtoH activities and\n"
-               "                  cudaStreamSynchronize/cudaDeviceSynchronize/cudaEventSynchronize calls",
+               "                  cudaStreamSynchronize/cudaDeviceSynchronize/cudaEventSynchronize calls\n"
+               "  device idle before / between / after ms (CUDA only)  per step of the profiled round, the\n"
+               "                  time the device did nothing before its first activity (host planning and\n"
+               "                  launching), between its activities (gaps inside and between graphs and\n"
+               "                  copies) and after its last (the read back, the results); the profiler slows\n"
+               "                  the host, so before and after read larger than in the timed rounds",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--checkpoint", "-m", default="gma_delta1", help="checkpoint dir or shipped name")
     st.add_argument("--source", help="sentences, one per line (default: data/de-en/test.de)")
@@ -203,6 +208,20 @@ def _machine(device) -> str:
     return line
 
 
+def host_overhead_row(r: dict, cuda: bool) -> str:
+    """One row of bench step's host-overhead table (models/benchmarks/host_overhead.py's keys)."""
+    idle = (" / ".join(f"{r[f'device_{part}_ms']:.3f}" for part in ("idle_before", "idle_between", "idle_after"))
+            if "device_idle_before_ms" in r else "n/a")
+    extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | {idle} | "
+             if cuda else "")
+    ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
+    return (f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | "
+            f"{r['step_wall_ms']:.2f} | "
+            f"{r['kernel_ms_per_step']:.3f} | {r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {ratio} | "
+            f"{r['operators_per_step']:.0f} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
+            f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
+
+
 def run_step(args) -> int:
     import torch
     from tqdm import tqdm
@@ -244,19 +263,13 @@ def run_step(args) -> int:
           "`simulserve bench step -h` defines each column")
     print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | "
           "operators/step | uploads/step | reads/step | "
-          + ("launches/step | memcpy/step | syncs/step | " if cuda else "")
+          + ("launches/step | memcpy/step | syncs/step | device idle before / between / after ms | "
+             if cuda else "")
           + "identical | same as first |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if cuda else "")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if cuda else "")
           + ":---:|:---:|")
     for r in host:
-        extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | "
-                 if cuda else "")
-        ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
-        print(f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | "
-              f"{r['step_wall_ms']:.2f} | "
-              f"{r['kernel_ms_per_step']:.3f} | {r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {ratio} | "
-              f"{r['operators_per_step']:.0f} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
-              f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
+        print(host_overhead_row(r, cuda))
     if choice is not None:
         print(f"\n--step auto here: {choice.reason}; ms per step while streams translate a sentence word by "
               "word (median of 5 rounds, models/step_choice.py)")

@@ -18,7 +18,8 @@ import torch
 from conftest import random_decoder
 
 from clients.cli import build_parser
-from models.benchmarks.host_overhead import TimedDecoder, bench_host_overhead, compute_op_time, profile_traffic
+from models.benchmarks.host_overhead import (STEP_MARK, TimedDecoder, bench_host_overhead, compute_op_time,
+                                             device_timeline, profile_traffic)
 from models.checkpoint import CheckpointError, pick_device, save_checkpoint
 from models.data.synthetic import make_pairs
 from models.step import StreamingDecoder
@@ -78,6 +79,54 @@ def test_uploads_and_reads_are_counted_on_code_with_a_known_number_of_each():
     assert out["result"][1] == 6 and out["result"][2] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert (out["uploads"], out["reads"]) == (1, 3)
     assert out["kernel_s"] > 0 and "memcpy" not in out
+
+
+def test_device_timeline_splits_each_steps_idle_device_time():
+    """Per step: idle before its first device activity, between its activities (the span less their union:
+    overlapping ones count once), after its last; a step with none is idle before, all of it; an activity
+    that starts outside every step counts nowhere, one that runs past its step's end is cut there."""
+    steps = [(0, 100), (200, 300), (400, 450)]
+    device = [(60, 70), (10, 30), (25, 40), (210, 290), (150, 160)]
+    t = device_timeline(steps, device)
+    ns = {k: round(v * 1e9) for k, v in t.items() if k.endswith("_s")}
+    assert ns == {"idle_before_s": 10 + 10 + 50, "idle_between_s": 20, "idle_after_s": 30 + 10,
+                  "busy_s": 30 + 10 + 80} and t["steps"] == 3
+    # (every nanosecond of every step is in exactly one part)
+    assert sum(ns.values()) == sum(b - a for a, b in steps)
+    late = device_timeline([(0, 100)], [(50, 150)])
+    assert round(late["busy_s"] * 1e9) == 50 and late["idle_after_s"] == 0
+    assert device_timeline([], device)["steps"] == 0
+
+
+def test_timed_steps_are_marked_for_the_profiler_only_when_asked(word_tok):
+    """TimedDecoder.mark_steps: one STEP_MARK region per step (the device timeline's windows), none by default
+    (a region costs host time in the timed rounds)."""
+    from torch.profiler import ProfilerActivity, profile
+    model = random_decoder(word_tok, "waitk", seed=3).model
+    sentences = [s for s, _ in make_pairs(3, seed=8)]
+    timed = TimedDecoder(model, word_tok)
+    for mark in (False, True):
+        timed.step_seconds, timed.mark_steps = [], mark
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            simulate(timed, sentences, batch_size=2)
+        marks = [e for e in prof.profiler.kineto_results.events() if e.name() == STEP_MARK]
+        assert len(marks) == (len(timed.step_seconds) if mark else 0) and timed.step_seconds
+        assert all(e.end_ns() > e.start_ns() for e in marks)
+
+
+def test_a_cuda_row_of_the_table_gives_the_device_idle_parts():
+    """bench step's row on CUDA: the device's idle time before / between / after its activities per step, or
+    n/a where the profile marked no step; a CPU row has no CUDA columns."""
+    from clients.bench_cli import host_overhead_row
+    row = {"path": "graphs-encoder", "batch_size": 8, "steps": 103, "encoding_share": 0.17, "step_wall_ms": 0.74,
+           "kernel_ms_per_step": 0.458, "wall_over_kernel": 1.62, "operators_per_step": 8, "uploads_per_step": 0,
+           "reads_per_step": 0.8, "identical": True, "same_as_first": True}
+    cuda = {**row, "launches_per_step": 1.0, "memcpy_per_step": 1.7, "syncs_per_step": 0.8}
+    timed = {**cuda, "device_idle_before_ms": 0.1, "device_idle_between_ms": 0.125, "device_idle_after_ms": 0.05}
+    assert "| 1.0 | 1.7 | 0.8 | 0.100 / 0.125 / 0.050 | yes | yes |" in host_overhead_row(timed, True)
+    assert "| 0.8 | n/a | yes |" in host_overhead_row(cuda, True)
+    cpu = host_overhead_row(row, False)
+    assert cpu.count("|") == 14 and "0.282" in cpu   # (host ms: wall less kernel)
 
 
 def test_timed_and_profiled_steps_compute_what_the_plain_decoder_does(word_tok):

@@ -25,7 +25,11 @@ every value read back also makes the host wait for the device. This module measu
   what a GPU run pays;
 - on CUDA also what the profiler sees directly: **memcpy per step** (host↔device copies on
   the device, `Memcpy HtoD`/`Memcpy DtoH`) and **syncs per step** (`cudaStreamSynchronize`,
-  `cudaDeviceSynchronize`, `cudaEventSynchronize` calls).
+  `cudaDeviceSynchronize`, `cudaEventSynchronize` calls);
+- on CUDA, where a profiled step's wall time goes while the device does nothing (`device_timeline`): **idle
+  before** its first device activity (the host planning and launching), **idle between** its activities (the
+  gaps between a graph's kernels, between graphs and copies), **idle after** its last (reading the decisions
+  back, applying them). The profiler slows the host, so before and after read larger than in the timed rounds.
 """
 from __future__ import annotations
 
@@ -66,6 +70,40 @@ def is_compute(name: str) -> bool:
     return "::" in name and name not in NON_COMPUTE and not name.startswith(NON_COMPUTE_PREFIXES)
 
 
+STEP_MARK = "simulserve::bench_step"   # the profiled round's steps, for device_timeline
+
+
+def device_timeline(steps: list[tuple[int, int]], device: list[tuple[int, int]]) -> dict:
+    """Where the steps' wall time went while the device was idle. steps: each step's (start, end) on the host
+    clock; device: every device activity's (start, end) on the same clock (ns). Per step, of the device
+    activities that start inside it: idle before the first, idle between them (the step's device span less
+    the union of its activities), idle after the last; a step with none is idle before, all of it. Returns
+    the totals in seconds ("busy_s" the union of activities inside the steps) and "steps"."""
+    device = sorted(device)
+    out = {"idle_before_s": 0.0, "idle_between_s": 0.0, "idle_after_s": 0.0, "busy_s": 0.0, "steps": len(steps)}
+    i = 0
+    for start, end in sorted(steps):
+        while i < len(device) and device[i][0] < start:
+            i += 1
+        mine = []
+        while i < len(device) and device[i][0] < end:
+            mine.append((device[i][0], min(device[i][1], end)))
+            i += 1
+        if not mine:
+            out["idle_before_s"] += (end - start) / 1e9
+            continue
+        busy, reach = 0, mine[0][0]
+        for a, b in mine:   # the union of the activities (a copy may overlap a kernel)
+            if b > reach:
+                busy += b - max(a, reach)
+                reach = b
+        out["idle_before_s"] += (mine[0][0] - start) / 1e9
+        out["idle_between_s"] += (reach - mine[0][0] - busy) / 1e9
+        out["idle_after_s"] += (end - reach) / 1e9
+        out["busy_s"] += busy / 1e9
+    return out
+
+
 class TimedDecoder(StreamingDecoder):
     """The streaming decoder with a clock around every `step` call (the benchmark's, not the model's)."""
 
@@ -74,12 +112,19 @@ class TimedDecoder(StreamingDecoder):
         self.step_seconds: list[float] = []
         self.encoding_steps = 0    # steps that ran the encoder (a step encodes at most once)
         self.sync_each_step = self.device.type == "cuda"
+        self.mark_steps = False    # the profiled round's steps as STEP_MARK regions (a cost: not in timed rounds)
 
     def _encode(self, *args, **kwargs):
         self.encoding_steps += 1
         return super()._encode(*args, **kwargs)
 
     def step(self, *args, **kwargs):
+        if self.mark_steps:
+            with torch.profiler.record_function(STEP_MARK):
+                return self._timed_step(*args, **kwargs)
+        return self._timed_step(*args, **kwargs)
+
+    def _timed_step(self, *args, **kwargs):
         t0 = time.perf_counter()
         out = super().step(*args, **kwargs)
         if self.sync_each_step:
@@ -159,6 +204,9 @@ def profile_traffic(fn, cuda: bool = False) -> dict:
         out["memcpy"] = sum(e.name().startswith(("Memcpy HtoD", "Memcpy DtoH")) for e in device)
         out["syncs"] = sum(n in CUDA_SYNCS for n in names)
         out["launches"] = sum(n in CUDA_LAUNCHES for n in names)
+        out["timeline"] = device_timeline(
+            [(e.start_ns(), e.end_ns()) for e in cpu_events if e.name() == STEP_MARK],
+            [(e.start_ns(), e.end_ns()) for e in device])
     else:
         out["kernel_s"] = compute_op_time(cpu_events)
     return out
@@ -228,13 +276,14 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
             if progress is not None:
                 progress.update(1)
         dec.step_seconds, dec.sync_each_step = [], False   # the profile counts the step's own syncs only
+        dec.mark_steps = cuda
         # the profiled round: every sentence for a batch of them, at most PROFILED (in batches of b) for
         # small batches: the profiler keeps every operator event, and 256 sentences one by one ran out of memory
         profiled = chosen[:max(b, min(len(chosen), PROFILED))]
         try:
             prof = profile_traffic(lambda: outputs(drive(dec, profiled, b)), cuda)
         finally:
-            dec.sync_each_step = cuda
+            dec.sync_each_step, dec.mark_steps = cuda, False
         if progress is not None:
             progress.update(1)
         n = len(dec.step_seconds)
@@ -252,5 +301,9 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
             row["memcpy_per_step"] = prof["memcpy"] / n
             row["syncs_per_step"] = prof["syncs"] / n
             row["launches_per_step"] = prof["launches"] / n
+            t = prof["timeline"]
+            if t["steps"]:   # (ms per step of the profiled round, which the profiler's own host work slows)
+                for part in ("idle_before", "idle_between", "idle_after"):
+                    row[f"device_{part}_ms"] = t[f"{part}_s"] * 1000 / t["steps"]
         rows.append(row)
     return rows
