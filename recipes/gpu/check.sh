@@ -36,7 +36,7 @@ if [ "${FLAT_OUT:-0}" = 1 ]; then   # the flat-out experiments, QUICK or not (a 
 fi
 if [ "${QUICK:-0}" = 1 ]; then
   : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
-  : "${SERVER_LEVELS:=1000,4000}" "${BUDGET_SERVER:=110}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
+  : "${SERVER_LEVELS:=1000,4000}" "${BUDGET_SERVER:=120}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
   : "${BUDGET_ENGINE_NO_OVERLAP:=0}"
 fi
 PLAN="${PLAN:-0}"
