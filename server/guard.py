@@ -270,6 +270,25 @@ def make_ws_protocol(settings, refused: Callable[[str], None]):
             if not self.disconnected:
                 self.transport.abort()
 
+        def shutdown(self) -> None:
+            """The server stopping (SIGTERM): the close 1012 as uvicorn sends it, then the closing handshake
+            as after the app's own close, reading until the peer echoes it (or close_timeout), instead of
+            closing the socket at once. A socket closed with words still unread sends a reset, which the
+            client (or a proxy between) could take before the close frame: a client that was sending saw
+            1006, a dropped connection, instead of 1012."""
+            if not self.handshake_complete or self.close_sent or self.transport.is_closing():
+                super().shutdown()
+                return
+            self.stop_keepalive()
+            self.queue.put_nowait({"type": "websocket.disconnect", "code": 1012})
+            self.conn.send_close(1012)
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            self.close_sent = True
+            if self.read_paused:   # (the echo must be read)
+                self.read_paused = False
+                self.transport.resume_reading()
+            self.close_timer = self.loop.call_later(self.close_timeout or 5.0, self.transport.close)
+
     return GuardedWebSocketProtocol
 
 

@@ -149,3 +149,39 @@ def test_not_ready_while_the_models_load(trained):
     with client.websocket_connect("/v1/stream") as ws:
         msg = ws.receive_json()
         assert msg["code"] == "not_ready" and msg["fatal"]
+
+
+def test_a_stopping_server_closes_a_sending_stream_with_1012_not_a_reset(trained):
+    """Shutdown while a client is still sending words: the close 1012 (service restart), then the closing
+    handshake, so the client (or nginx between) reads the close frame. Closing the socket at once with words
+    unread (uvicorn's own shutdown) sent a reset, and such a client saw 1006 in 8 of 8 tries: it reconnected
+    all the same, but as after a dropped connection."""
+    for _ in range(2):
+        srv = LiveServer(models={"waitk": str(trained["waitk"])}, rate_limit=1e6, rate_burst=10**6,
+                         max_words_per_sentence=10**6, max_backlog_words=10**6)
+        with srv:
+            async def main():
+                ws = await connect(srv.url)
+                await ws.send(json.dumps(START))
+                assert json.loads(await ws.recv())["type"] == "ready"
+
+                async def send_words():
+                    try:
+                        while True:
+                            for _ in range(50):
+                                await ws.send(json.dumps({"type": "words", "words": ["haus", "baum"]}))
+                            await asyncio.sleep(0)
+                    except ConnectionClosed:
+                        pass
+                sender = asyncio.create_task(send_words())
+                await asyncio.sleep(0.3)            # words arriving faster than the stream takes them
+                srv.server.should_exit = True       # uvicorn's graceful shutdown, as on SIGTERM
+                try:
+                    async with asyncio.timeout(20):
+                        async for _ in ws:
+                            pass
+                except ConnectionClosed:
+                    pass
+                await sender
+                return ws.close_code
+            assert asyncio.run(main()) == 1012
