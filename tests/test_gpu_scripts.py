@@ -297,7 +297,9 @@ def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tm
                            env={**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(out),
                                 "PATH": path, **budgets, **env})
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        written.append(out)
         return (out / "gpu_check.md").read_text()
+    written = []
 
     report = check(f"{fake.parent}:{os.environ['PATH']}", BUDGET_SERVER_ENGINES_MPS="1")
     started, stopped = calls.read_text().splitlines()
@@ -310,6 +312,11 @@ def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tm
     assert (tmp_path / "calls.txt.dmon").read_text().split() == ["dmon"]   # one sampler, for the one part run
     assert "SM utilisation during this server run (nvidia-smi dmon, % per second): mean 37.0" in part
     assert "cannot open" not in report and report.count("SM utilisation") == 1
+    # the report in $OUT: what else the check wrote is one archive beside it (a device returns at most 8 files)
+    assert {p.name for p in written[0].iterdir()} == {"gpu_check.md", "gpu_check_files.tar.xz"}
+    listed = subprocess.run(["tar", "-tJf", str(written[0] / "gpu_check_files.tar.xz")], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert "dmon_engines_mps.txt" in listed
     calls.unlink()
     assert "MPS:" not in check(f"{fake.parent}:{os.environ['PATH']}")   # budget 0: no daemon, nothing said
     assert not calls.exists()

@@ -290,3 +290,13 @@ PYEOF"
 # ---- end of the parts
 echo "report: $REPORT ($SECONDS s)"
 say "" "total: $SECONDS s"
+# everything written beside the report (the JSON of each benchmark, the SM samples) in one archive beside it, where
+# the report lies in $OUT: a device machine returns at most 8 files, and a full check writes more (BUNDLE=0: leave
+# them as they are; BUNDLE=1: bundle them wherever the report is)
+if [ "${BUNDLE:-$([ -n "${OUT:-}" ] && [ "$(cd "$DIR" && pwd -P)" = "$(cd "$OUT" 2>/dev/null && pwd -P)" ] && echo 1 || echo 0)}" = 1 ]; then
+  bundle="$(basename "$REPORT" .md)_files.tar.xz"
+  files=$(cd "$DIR" && find . -maxdepth 1 -type f ! -name "$(basename "$REPORT")" ! -name "$bundle" -printf '%P\n')
+  if [ -n "$files" ]; then
+    (cd "$DIR" && tar -cJf "$bundle" $files && rm -f $files) && echo "the other files: $DIR/$bundle"
+  fi
+fi

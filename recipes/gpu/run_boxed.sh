@@ -8,7 +8,7 @@
 # SECONDS: the wall time the whole command may take (keep it under the command limit; TRAIN_MINUTES=M
 # fixes the training time instead). Carry `.gpu`
 # (`bash recipes/gpu/pack.sh check` and `pack.sh train` here first). What comes back, at most 8 files:
-#   $OUT/gpu_check.md, $OUT/check_files.tar (the benchmarks' JSON, logs, dmon samples and the engine's profile),
+#   $OUT/gpu_check.md, $OUT/gpu_check_files.tar.xz (the benchmarks' JSON, logs, dmon samples and the engine's profile),
 #   per run $OUT/NAME/model.safetensors (fp16) and $OUT/NAME/run.tar (config.json, logs, progress).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,11 +21,9 @@ tar -xJf "${TRAIN_TAR:-.gpu/train.tar.xz}" -C "$TRAIN_DATA" & untar=$!   # unpac
 . recipes/gpu/env.sh                                # installed once: the runs below must not race on it
 
 # check.sh in its quick form (QUICK=1: the graph-replay tests, bench step of the default form, bench server with
-# the server's defaults, within 229 s of budgets; QUICK=0 runs its full set); parts at budget 0 unless set.
-QUICK="${QUICK:-1}" bash recipes/gpu/check.sh "$DEST/gpu_check.md"
-# everything else the check wrote beside its report, in one file (the device returns at most 8)
-(cd "$DEST" && files=$(find . -maxdepth 1 -type f ! -name gpu_check.md -printf '%P\n') && [ -n "$files" ] \
-   && tar -cf check_files.tar $files && rm -f $files)
+# the server's defaults, within 239 s of budgets; QUICK=0 runs its full set); parts at budget 0 unless set.
+# (everything else it writes beside the report in one file, gpu_check_files.tar.xz: the device returns at most 8)
+QUICK="${QUICK:-1}" BUNDLE=1 bash recipes/gpu/check.sh "$DEST/gpu_check.md"
 wait "$untar" || { echo "could not unpack ${TRAIN_TAR:-.gpu/train.tar.xz}"; exit 2; }
 
 # what is left, less ~40 s of loading before training starts and ~35 s of export and packing after it
