@@ -317,6 +317,14 @@ def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tm
     listed = subprocess.run(["tar", "-tJf", str(written[0] / "gpu_check_files.tar.xz")], capture_output=True,
                             text=True, check=True).stdout.split()
     assert "dmon_engines_mps.txt" in listed
+    (written[0] / "earlier.md").write_text("another check's report")   # a second check into the same $OUT
+    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "OUT": str(written[0]), **budgets,
+           "BUDGET_SERVER_ENGINES_MPS": "1", "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    again = subprocess.run(["bash", str(GPU / "check.sh"), str(written[0] / "second.md")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {p.name for p in written[0].iterdir()} == {"gpu_check.md", "gpu_check_files.tar.xz", "earlier.md",
+                                                     "second.md", "second_files.tar.xz"}
     calls.unlink()
     assert "MPS:" not in check(f"{fake.parent}:{os.environ['PATH']}")   # budget 0: no daemon, nothing said
     assert not calls.exists()

@@ -295,7 +295,8 @@ say "" "total: $SECONDS s"
 # them as they are; BUNDLE=1: bundle them wherever the report is)
 if [ "${BUNDLE:-$([ -n "${OUT:-}" ] && [ "$(cd "$DIR" && pwd -P)" = "$(cd "$OUT" 2>/dev/null && pwd -P)" ] && echo 1 || echo 0)}" = 1 ]; then
   bundle="$(basename "$REPORT" .md)_files.tar.xz"
-  files=$(cd "$DIR" && find . -maxdepth 1 -type f ! -name "$(basename "$REPORT")" ! -name "$bundle" -printf '%P\n')
+  # (not another check's report or archive: two checks in one command may share $OUT)
+  files=$(cd "$DIR" && find . -maxdepth 1 -type f ! -name '*.md' ! -name '*_files.tar.xz' -printf '%P\n')
   if [ -n "$files" ]; then
     (cd "$DIR" && tar -cJf "$bundle" $files && rm -f $files) && echo "the other files: $DIR/$bundle"
   fi
