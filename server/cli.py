@@ -200,9 +200,10 @@ def run(args) -> int:
     try:
         settings = settings_from_args(args)   # bad settings are reported before the slow imports
         from server.settings import engine_processes, front_end_processes, serving_device_type
-        settings.workers = front_end_processes(settings)   # 0: chosen by the device (settings.py)
+        device = serving_device_type(settings)   # (once: for cuda or auto it asks torch)
+        settings.workers = front_end_processes(settings, device)   # 0: chosen by the device (settings.py)
         engines_auto = not settings.transport.engines
-        settings.engines = engine_processes(settings)
+        settings.engines = engine_processes(settings, device)
         if apart(settings):   # engine processes and N front ends (server/workers.py)
             from server.settings import resolve_models
             served = list(resolve_models(settings))   # a bad checkpoint is reported here, once
@@ -220,7 +221,7 @@ def run(args) -> int:
         scheme = "wss" if settings.transport.ssl_certfile else "ws"
         engines, fronts = settings.transport.engines, settings.transport.workers
         # (auto's two engine processes hold the models twice: say how to get one)
-        where = "a CUDA GPU" if serving_device_type(settings) == "cuda" else "a multi-core CPU"
+        where = "a CUDA GPU" if device == "cuda" else "a multi-core CPU"
         why = f"; engines auto on {where}: --engines 1 runs one process" if engines_auto and engines > 1 else ""
         print(f"simulserve: serving {', '.join(served)} on "
               f"{scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "

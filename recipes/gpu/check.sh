@@ -110,8 +110,9 @@ if [ "$PLAN" = 1 ]; then   # the parts and their budgets, nothing run, nothing i
   echo "total: $planned s of budgets (besides installing the carried wheels and unpacking the test sets)"
   exit 0
 fi
-front_end_count() { "$PY" -c 'from server.settings import front_end_processes, load_settings; print(front_end_processes(load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
-engine_count() { "$PY" -c 'from server.settings import engine_processes, load_settings; print(engine_processes(load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
+# what workers and engines auto choose here (server/settings.py front_end_processes, engine_processes)
+auto_count() { "$PY" -c 'import server.settings as s; print(getattr(s, "'"$1"'")(s.load_settings(device="'"$DEVICE"'")))' 2>&1 | tail -1; }
+front_end_count() { auto_count front_end_processes; }; engine_count() { auto_count engine_processes; }
 . recipes/gpu/env.sh   # the wheels the image lacks, PYTHONPATH, a `simulserve` on PATH
 if [ ! -f "$DATA/test.de" ] && [ -f .gpu/data.tar.xz ]; then   # the test sets as pack.sh check packs them
   mkdir -p "$DATA" && tar -xJf .gpu/data.tar.xz -C "$DATA"
