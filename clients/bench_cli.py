@@ -71,6 +71,11 @@ def register(sub) -> None:
                "  launches/step (CUDA only)  cudaLaunchKernel(ExC), cuLaunchKernel(Ex) and cudaGraphLaunch calls\n"
                "  memcpy/step, syncs/step (CUDA only)  Memcpy HtoD/DtoH activities and\n"
                "                  cudaStreamSynchronize/cudaDeviceSynchronize/cudaEventSynchronize calls\n"
+               "  device activities/step (CUDA only)  kernels, copies and memsets of the profiled round per\n"
+               "                  step (each kernel of a graph counts)\n"
+               "  graph span ms/step (CUDA, graph forms)  device time from each replay's start to its end\n"
+               "                  (CUDA events, one more unprofiled round), gaps between a graph's kernels\n"
+               "                  included: above kernel ms/step, the device spends the difference, not the host\n"
                "  device idle before / between / after ms (CUDA only)  per step of the profiled round, the\n"
                "                  time the device did nothing before its first activity (host planning and\n"
                "                  launching), between its activities (gaps inside and between graphs and\n"
@@ -212,8 +217,10 @@ def host_overhead_row(r: dict, cuda: bool) -> str:
     """One row of bench step's host-overhead table (models/benchmarks/host_overhead.py's keys)."""
     idle = (" / ".join(f"{r[f'device_{part}_ms']:.3f}" for part in ("idle_before", "idle_between", "idle_after"))
             if "device_idle_before_ms" in r else "n/a")
-    extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | {idle} | "
-             if cuda else "")
+    span = f"{r['graph_span_ms_per_step']:.3f}" if "graph_span_ms_per_step" in r else "n/a"
+    activities = f"{r['activities_per_step']:.0f}" if "activities_per_step" in r else "n/a"
+    extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | "
+             f"{activities} | {span} | {idle} | " if cuda else "")
     ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
     return (f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | "
             f"{r['step_wall_ms']:.2f} | "
@@ -263,10 +270,10 @@ def run_step(args) -> int:
           "`simulserve bench step -h` defines each column")
     print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | "
           "operators/step | uploads/step | reads/step | "
-          + ("launches/step | memcpy/step | syncs/step | device idle before / between / after ms | "
-             if cuda else "")
+          + ("launches/step | memcpy/step | syncs/step | device activities/step | graph span ms/step | "
+             "device idle before / between / after ms | " if cuda else "")
           + "identical | same as first |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if cuda else "")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|---:|---:|" if cuda else "")
           + ":---:|:---:|")
     for r in host:
         print(host_overhead_row(r, cuda))

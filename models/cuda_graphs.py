@@ -69,6 +69,8 @@ class DecoderGraphs:
         self.sealed = False
         self.replays = 0
         self.encoder_replays = 0
+        # a benchmark's list of (start, end) CUDA events around every replay (None: not timed; an event costs host time)
+        self.spans: list | None = None
         self.mempool = torch.cuda.graph_pool_handle() if self.cuda else None
 
     def length(self, t_max: int, a_max: int) -> int:
@@ -139,8 +141,22 @@ class DecoderGraphs:
         if graph is None:   # (marked, so that an operator count can tell what a GPU would replay: REPLAYED)
             with torch.profiler.record_function(REPLAYED):
                 return out(*static)
+        if self.spans is None:
+            graph.replay()
+            return out
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         graph.replay()
+        end.record()
+        self.spans.append((start, end))
         return out
+
+    def span_seconds(self) -> float:
+        """The device time between the start and the end of every timed replay (`spans`), gaps between a graph's
+        kernels included: what the graphs cost the device, which the sum of their kernels' times leaves out."""
+        if self.spans:
+            torch.cuda.synchronize(self.dec.device)
+        return sum(a.elapsed_time(b) for a, b in self.spans or ()) / 1000
 
     def run(self, slots: torch.Tensor, t_max: int, a_max: int, changes: torch.Tensor | None = None,
             fresh: torch.Tensor | None = None) -> torch.Tensor:

@@ -122,9 +122,10 @@ def test_a_cuda_row_of_the_table_gives_the_device_idle_parts():
            "kernel_ms_per_step": 0.458, "wall_over_kernel": 1.62, "operators_per_step": 8, "uploads_per_step": 0,
            "reads_per_step": 0.8, "identical": True, "same_as_first": True}
     cuda = {**row, "launches_per_step": 1.0, "memcpy_per_step": 1.7, "syncs_per_step": 0.8}
-    timed = {**cuda, "device_idle_before_ms": 0.1, "device_idle_between_ms": 0.125, "device_idle_after_ms": 0.05}
-    assert "| 1.0 | 1.7 | 0.8 | 0.100 / 0.125 / 0.050 | yes | yes |" in host_overhead_row(timed, True)
-    assert "| 0.8 | n/a | yes |" in host_overhead_row(cuda, True)
+    timed = {**cuda, "device_idle_before_ms": 0.1, "device_idle_between_ms": 0.125, "device_idle_after_ms": 0.05,
+             "activities_per_step": 212.4, "graph_span_ms_per_step": 0.6125}
+    assert "| 1.0 | 1.7 | 0.8 | 212 | 0.613 | 0.100 / 0.125 / 0.050 | yes | yes |" in host_overhead_row(timed, True)
+    assert "| 0.8 | n/a | n/a | n/a | yes |" in host_overhead_row(cuda, True)
     cpu = host_overhead_row(row, False)
     assert cpu.count("|") == 14 and "0.282" in cpu   # (host ms: wall less kernel)
 

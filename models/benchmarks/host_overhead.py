@@ -29,7 +29,12 @@ every value read back also makes the host wait for the device. This module measu
 - on CUDA, where a profiled step's wall time goes while the device does nothing (`device_timeline`): **idle
   before** its first device activity (the host planning and launching), **idle between** its activities (the
   gaps between a graph's kernels, between graphs and copies), **idle after** its last (reading the decisions
-  back, applying them). The profiler slows the host, so before and after read larger than in the timed rounds.
+  back, applying them). The profiler slows the host, so before and after read larger than in the timed rounds;
+- on CUDA, **device activities per step** (kernels, copies, memsets: a graph's kernels each count) and, for the
+  graph forms, **graph span ms/step**: CUDA events around every replay in one more unprofiled round, the device
+  time from a graph's first kernel's start to its last's end, the gaps between its kernels included. A span
+  well above the kernel time says the device, not the host, spends the difference (a graph of many small
+  kernels): fewer, fused kernels would cut it, host work would not.
 """
 from __future__ import annotations
 
@@ -204,6 +209,7 @@ def profile_traffic(fn, cuda: bool = False) -> dict:
         out["memcpy"] = sum(e.name().startswith(("Memcpy HtoD", "Memcpy DtoH")) for e in device)
         out["syncs"] = sum(n in CUDA_SYNCS for n in names)
         out["launches"] = sum(n in CUDA_LAUNCHES for n in names)
+        out["activities"] = len(device)
         out["timeline"] = device_timeline(
             [(e.start_ns(), e.end_ns()) for e in cpu_events if e.name() == STEP_MARK],
             [(e.start_ns(), e.end_ns()) for e in device])
@@ -275,6 +281,16 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
             encoding = dec.encoding_steps / steps
             if progress is not None:
                 progress.update(1)
+        span = None
+        if cuda and dec.graphs is not None and dec.graphs.cuda:
+            # one more round with an event pair around every replay: the graphs' device span per step, gaps
+            # between their kernels included (the profiled round's kernel time leaves them out)
+            dec.step_seconds, dec.graphs.spans = [], []
+            try:
+                drive(dec, chosen, b)
+                span = dec.graphs.span_seconds() * 1000 / len(dec.step_seconds)
+            finally:
+                dec.graphs.spans = None
         dec.step_seconds, dec.sync_each_step = [], False   # the profile counts the step's own syncs only
         dec.mark_steps = cuda
         # the profiled round: every sentence for a batch of them, at most PROFILED (in batches of b) for
@@ -301,6 +317,9 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
             row["memcpy_per_step"] = prof["memcpy"] / n
             row["syncs_per_step"] = prof["syncs"] / n
             row["launches_per_step"] = prof["launches"] / n
+            row["activities_per_step"] = prof["activities"] / n
+            if span is not None:
+                row["graph_span_ms_per_step"] = span
             t = prof["timeline"]
             if t["steps"]:   # (ms per step of the profiled round, which the profiler's own host work slows)
                 for part in ("idle_before", "idle_between", "idle_after"):
