@@ -76,9 +76,11 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"))
     p.add_argument("--server-threads", type=int, help="torch threads of the started server")
     p.add_argument("--workers", type=int, help="front-end processes of the started server (serve --workers; "
-                                               "default: its default, one process)")
+                                               "default: its default)")
     p.add_argument("--engines", type=int, help="engine processes of the started server (serve --engines; "
-                                               "default: its default, 1)")
+                                               "default: its default)")
+    p.add_argument("--mps", choices=("auto", "on", "off"), help="the started server's --mps (default: its default, "
+                                                              "auto: where engine processes share a CUDA GPU)")
     p.add_argument("--device", help="device of the started server (not with --url): auto (its default: cuda "
                                     "when available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="inference dtype of the started server (float32, bfloat16, float16 on CUDA)")
@@ -161,6 +163,8 @@ def server_command(args, port: int) -> list[str]:
         cmd += ["--batch-window-ms", str(args.batch_window_ms)]
     if args.overlap:
         cmd += ["--overlap", args.overlap]
+    if args.mps:
+        cmd += ["--mps", args.mps]
     return cmd
 
 
@@ -689,7 +693,8 @@ def run_server_bench(args) -> int:
     from models.errors import UserError
     proc = None
     given = [f for f, v in (("--device", args.device), ("--dtype", args.dtype), ("--step", args.step),
-                            ("--workers", args.workers), ("--engines", args.engines), ("--overlap", args.overlap))
+                            ("--workers", args.workers), ("--engines", args.engines), ("--overlap", args.overlap),
+                            ("--mps", args.mps))
              if v]
     if args.baseline_url and not args.url:
         raise UserError("--baseline-url compares with --url: give both")

@@ -37,6 +37,7 @@ FLAGS = {
     # (no help here: the settings' own description, so that the auto rules are written once)
     "--workers": ("workers", {"type": int}),
     "--engines": ("engines", {"type": int}),
+    "--mps": ("mps", {"choices": ["auto", "on", "off"]}),
     "--batch-window-ms": ("batch_window_ms", {"type": float, "help": "after an idle spell, wait this long for "
                                                                      "more streams to batch (default 2)"}),
     "--max-batch": ("max_batch", {"type": int, "help": "most streams per batched step (default 256)"}),
@@ -190,6 +191,7 @@ def settings_from_args(args):
 
 
 def run(args) -> int:
+    from server.mps import MpsError
     from server.settings import SettingsError
     ray_given = [f for f in RAY_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
     if ray_given and not args.ray:
@@ -204,6 +206,7 @@ def run(args) -> int:
         settings.workers = front_end_processes(settings, device)   # 0: chosen by the device (settings.py)
         engines_auto = not settings.transport.engines
         settings.engines = engine_processes(settings, device)
+        mps = mps_plan(settings, device)
         if apart(settings):   # engine processes and N front ends (server/workers.py)
             from server.settings import resolve_models
             served = list(resolve_models(settings))   # a bad checkpoint is reported here, once
@@ -212,7 +215,7 @@ def run(args) -> int:
             from server.guard import uvicorn_config
             app = create_app(settings)
             served = list(app.state.server.checkpoints)
-    except (SettingsError, ValueError) as e:
+    except (SettingsError, ValueError, MpsError) as e:
         print(f"simulserve serve: {e}", file=sys.stderr)
         return 2
     if settings.serving.torch_threads is None:  # leave a core to the event loop (websockets, JSON), share the rest
@@ -223,13 +226,15 @@ def run(args) -> int:
         # (auto's two engine processes hold the models twice: say how to get one)
         where = "a CUDA GPU" if device == "cuda" else "a multi-core CPU"
         why = f"; engines auto on {where}: --engines 1 runs one process" if engines_auto and engines > 1 else ""
+        if device == "cuda" and engines > 1:
+            why += f"; MPS: {mps.reason}"
         print(f"simulserve: serving {', '.join(served)} on "
               f"{scheme}://{settings.transport.host}:{settings.transport.port}/v1/stream "
               f"({fronts} front-end process{'es' * (fronts > 1)}, {engines} engine process{'es' * (engines > 1)}"
               f"{why})",
               file=sys.stderr, flush=True)
         from server.workers import serve_workers
-        return serve_workers(settings)
+        return serve_workers(settings, mps)
     logging.basicConfig(level=settings.transport.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scheme = "wss" if settings.transport.ssl_certfile else "ws"
@@ -241,6 +246,16 @@ def run(args) -> int:
                                   ssl_certfile=settings.transport.ssl_certfile,
                                   ssl_keyfile=settings.transport.ssl_keyfile, access_log=False)).run()
     return 0
+
+
+def mps_plan(settings, device: str):
+    """What serve does about NVIDIA's MPS (server/mps.py): GPUs counted where a bare cuda spreads the engines."""
+    from server.mps import plan
+    gpus = 1
+    if device == "cuda" and settings.serving.device in ("cuda", "auto"):
+        import torch
+        gpus = torch.cuda.device_count()
+    return plan(settings.transport.mps, device, settings.transport.engines, gpus)
 
 
 def apart(settings) -> bool:

@@ -103,6 +103,7 @@ class TransportSettings:
     log_level: str
     workers: int
     engines: int
+    mps: str
     ws_compression: bool
 
 
@@ -152,6 +153,12 @@ class ServerSettings(BaseSettings):
                                                      "of memory or more, else 1; more than 1 runs "
                                                      "the front ends apart, as --workers; "
                                                      "docs/server.md#several-engine-processes---engines-n)")
+    mps: Literal["auto", "on", "off"] = Field("auto", description="NVIDIA's MPS, so that engine processes sharing a "
+                                              "GPU run their kernels at once instead of taking turns: auto starts "
+                                              "a daemon of the server's own where 2 or more engine processes share "
+                                              "a CUDA GPU and nvidia-cuda-mps-control is installed (a daemon "
+                                              "running already is used as it is); on: the same, an error where "
+                                              "it cannot; off: never (docs/server.md#mps)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
                                                                    "more streams to batch with")

@@ -46,9 +46,35 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_workers(settings: ServerSettings) -> int:
-    """Run the server as processes until a signal, or until one of them exits; the exit code."""
+def serve_workers(settings: ServerSettings, mps=None) -> int:
+    """Run the server as processes until a signal, or until one of them exits; the exit code. mps: server/mps.py's
+    plan (None: none); a daemon of the server's own runs from before the engines start until after they stop."""
     logging.basicConfig(level=settings.transport.log_level.upper(), format=FORMAT.format(role="main"))
+    daemon = None
+    if mps is not None and mps.start:
+        from server.mps import MpsDaemon, MpsError
+        daemon = MpsDaemon()
+        try:
+            daemon.start()
+        except MpsError as e:
+            if settings.transport.mps == "on":
+                print(f"simulserve serve: {e}", file=sys.stderr)
+                return 1
+            log.warning("%s: the engine processes take turns on the GPU", e)
+            daemon = None
+        else:
+            os.environ.update(daemon.environ())   # (the engine processes, spawned below, inherit it)
+            print(f"simulserve: MPS control daemon started, pipes in {daemon.pipes}", file=sys.stderr, flush=True)
+    try:
+        return _serve(settings)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+            for name in daemon.environ():
+                os.environ.pop(name, None)
+
+
+def _serve(settings: ServerSettings) -> int:
     try:
         listener = bind(settings.transport.host, settings.transport.port)
     except OSError as e:

@@ -274,6 +274,25 @@ def test_the_quick_check_plans_its_parts_within_five_minutes(tmp_path):
     assert not (tmp_path / "out").exists()   # nothing ran, nothing was written
 
 
+def test_the_no_mps_part_runs_the_defaults_with_mps_off(tmp_path):
+    """BUDGET_SERVER_NO_MPS: the A/B of serve's own MPS daemon, the server's defaults with --mps off, its levels
+    NO_MPS_LEVELS; reported in the one file, nothing of it without a budget."""
+    budgets = {f"BUDGET_{p}": "0" for p in ("TESTS", "STEP", "SERVER", "ENGINE_FLAT", "ENGINE_NO_OVERLAP", "PROFILE")}
+    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, **budgets, "NO_MPS_LEVELS": "300,600"}
+    for budget in ("1", "0"):
+        out = tmp_path / f"out{budget}"
+        r = subprocess.run(["bash", str(GPU / "check.sh")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={**env, "OUT": str(out), "BUDGET_SERVER_NO_MPS": budget})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        part = (out / "gpu_check.md").read_text().split("but --mps off", 1)[1].split("\n## ", 1)[0]
+        if budget == "1":
+            command = part.split("$ ", 1)[1].splitlines()[0]
+            assert "bench server" in command and "--mps off" in command and "--levels 300\\,600" in command
+            assert "stopped at its budget of 1 s" in part
+        else:
+            assert "skipped: budget 0" in part and "$ " not in part
+
+
 def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tmp_path):
     """BUDGET_SERVER_ENGINES_MPS: the --engines server again under NVIDIA's MPS. MPS cannot run here, so a
     stand-in `nvidia-cuda-mps-control` on PATH records how the check calls it: started (-d) before that part only,

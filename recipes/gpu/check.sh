@@ -85,9 +85,14 @@ BUDGET_SERVER_ENGINES="${BUDGET_SERVER_ENGINES:-0}"   # the server's defaults wi
 ENGINES="${ENGINES:-1}"   # the A/B against the defaults, whose engines auto is 2 on a GPU with 8+ CPUs since 9101a18's check
 ENGINES_LEVELS="${ENGINES_LEVELS:-2000}"   # one level: the flat-out row (after the ramp) must fit the budget; none: flat out only
 if [ "$ENGINES_LEVELS" = none ]; then ENGINES_PHASES=(--skip ramp,soak); else ENGINES_PHASES=(--levels "$ENGINES_LEVELS" --level-seconds 8 --skip soak); fi
-# the same server with the engine processes' kernels run at once under NVIDIA's MPS (a control daemon started for
-# that part alone, stopped after it; without MPS their CUDA contexts take turns on the GPU); 100 runs it
+# the same server with the engine processes' kernels run at once under NVIDIA's MPS (a control daemon of the check's
+# own, started for that part alone, stopped after it, which serve uses as it finds it; since 32e1f8d's check serve
+# starts one itself where engine processes share a GPU: BUDGET_SERVER_NO_MPS is now the A/B); 100 runs it
 BUDGET_SERVER_ENGINES_MPS="${BUDGET_SERVER_ENGINES_MPS:-0}"
+# the server's defaults with --mps off: the A/B of serve's own MPS daemon (mps auto, since 32e1f8d's check) at
+# NO_MPS_LEVELS and flat out; 70 runs one level
+BUDGET_SERVER_NO_MPS="${BUDGET_SERVER_NO_MPS:-0}"
+NO_MPS_LEVELS="${NO_MPS_LEVELS:-1000}"
 MPS_ENGINES="${MPS_ENGINES:-2}"   # (9101a18 on the H200: 2 engines wrote as many words with MPS as without, 4 more)
 BUDGET_TWO_ENGINES="${BUDGET_TWO_ENGINES:-0}"   # two_engines.sh: two engines alone at once, half the streams each; 45 runs it
 BUDGET_TWO="${BUDGET_TWO:-0}"   # two_servers.sh: two servers on the one GPU, half the speakers each; 90 runs it
@@ -176,7 +181,7 @@ step "bench engine" "$BUDGET_ENGINE" \
 step "graph breaks of the compiled step on $DEVICE (one graph each on the CPU: docs/benchmarks.md)" "$BUDGET_GRAPHS" \
   "$PY" recipes/graph_breaks.py --device $DEVICE
 dmon_on defaults "$BUDGET_SERVER"
-step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, workers auto = $(front_end_count), engines auto = $(engine_count)), no admission" "$BUDGET_SERVER" \
+step "bench server, the server's defaults on CUDA (step auto = graphs-encoder, workers auto = $(front_end_count), engines auto = $(engine_count), mps auto), no admission" "$BUDGET_SERVER" \
   simulserve bench server --device $DEVICE --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
   --levels "$SERVER_LEVELS" --level-seconds 8 --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 --skip soak \
   --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda.json"
@@ -222,6 +227,12 @@ mps_off() {
   say "" "MPS: control daemon stopped; its log: $(tail -n 3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tr '\n' ' ')"
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
+dmon_on no_mps "$BUDGET_SERVER_NO_MPS"
+step "bench server, the server's defaults but --mps off (the engine processes' contexts take turns), no admission" "$BUDGET_SERVER_NO_MPS" \
+  simulserve bench server --device $DEVICE --mps off --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
+  --levels "$NO_MPS_LEVELS" --level-seconds 8 --skip soak --throughput-streams "$THROUGHPUT_STREAMS" --throughput-seconds 10 \
+  --client-procs "$CLIENT_PROCS" --json "$DIR/server_cuda_no_mps.json"
+dmon_off no_mps
 mps_on "$BUDGET_SERVER_ENGINES_MPS"; dmon_on engines_mps "$BUDGET_SERVER_ENGINES_MPS"
 step "bench server, the server's defaults with --engines $MPS_ENGINES under MPS, no admission" "$BUDGET_SERVER_ENGINES_MPS" \
   simulserve bench server --device $DEVICE --engines "$MPS_ENGINES" --no-admission --checkpoint "$CKPT" --input "$DATA/test.de" \
