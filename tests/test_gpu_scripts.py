@@ -349,3 +349,50 @@ def test_the_engines_part_under_mps_starts_the_daemon_for_itself_and_stops_it(tm
     assert not calls.exists()
     missing = check(os.environ["PATH"], BUDGET_SERVER_ENGINES_MPS="1")
     assert "MPS: nvidia-cuda-mps-control is not on this machine" in missing
+
+
+def test_step_trace_splits_each_steps_idle_device_time_by_what_it_waits_between():
+    """recipes/gpu/step_trace.py's analysis of a Chrome trace: per step, the gaps between two kernels of one graph
+    launch are the graph's own, every other gap is between launches; before the first activity and after the
+    last are apart; the device's own step annotations are not steps; activities outside every step count
+    nowhere."""
+    sys.path.insert(0, str(GPU))
+    from step_trace import STEP_MARK, analyse
+
+    def x(name, cat, ts, dur, corr=None):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur,
+                "args": {} if corr is None else {"correlation": corr}}
+    trace = {"traceEvents": [
+        x(STEP_MARK, "user_annotation", 0, 100), x(STEP_MARK, "gpu_user_annotation", 10, 80),
+        x("cudaMemcpyAsync", "cuda_runtime", 2, 3, 1), x("cudaGraphLaunch", "cuda_runtime", 6, 4, 2),
+        x("Memcpy HtoD", "gpu_memcpy", 10, 2, 1),
+        x("k1", "kernel", 20, 10, 2), x("k2", "kernel", 33, 10, 2), x("k3", "kernel", 45, 15, 2),
+        x(STEP_MARK, "user_annotation", 200, 50),   # a step with no device work: all before
+        x("stray", "kernel", 150, 5, 9),
+    ]}
+    r = analyse(trace)
+    assert r["steps"] == 2 and r["activities/step"] == 2.0 and r["graph launches/step"] == 0.5
+    ms = {k: round(v * 1000 * 2) for k, v in r.items() if k.endswith("ms/step")}   # (µs summed over the 2 steps)
+    assert ms == {"busy ms/step": 2 + 35, "inside graphs ms/step": 3 + 2, "between launches ms/step": 8,
+                  "before ms/step": 10 + 50, "after ms/step": 40}
+    assert sum(ms.values()) == 100 + 50   # every microsecond of every step in one part
+
+
+def test_step_trace_records_a_trace_per_batch_size_and_reads_it_back(trained, tmp_path):
+    """On the CPU (no device activities: every step's time is before) the recipe runs end to end: one xz trace
+    per batch size with one marked step per step, and --analyse prints the same table from the files."""
+    cmd = [sys.executable, str(GPU / "step_trace.py"), "-m", str(trained["waitk"]), "--device", "cpu",
+           "--form", "graphs", "--batch-sizes", "1,2", "--sentences", "2", "--out", str(tmp_path)]
+    source = tmp_path / "src.de"
+    source.write_text("haus baum haus\nbaum haus\n")
+    made = subprocess.run(cmd + ["--source", str(source)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("trace_*")) == ["trace_b1.json.xz", "trace_b2.json.xz"]
+    rows = [line for line in made.stdout.splitlines() if line.startswith("| batch ")]
+    assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)   # steps were marked
+    again = subprocess.run([sys.executable, str(GPU / "step_trace.py"), "--analyse",
+                            *(str(tmp_path / f"trace_b{b}.json.xz") for b in (1, 2))],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    reread = [line for line in again.stdout.splitlines() if line.startswith("| trace_b")]
+    assert [r.split("|", 2)[2] for r in reread] == [r.split("|", 2)[2] for r in rows]

@@ -53,6 +53,7 @@ BUDGET_STEP="${BUDGET_STEP:-130}"     # halved between the small and the large b
 # the step forms bench step compares: eager sync-free and the two graph forms (QUICK: the default form alone)
 STEP_PATHS="${STEP_PATHS:-sync-free,graphs,graphs-encoder}"
 BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-0}"
+BUDGET_STEP_TRACE="${BUDGET_STEP_TRACE:-0}"   # recipes/gpu/step_trace.py at SMALL_BATCHES: traces and the gaps per step; 40 runs it
 BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
 BUDGET_SERVER="${BUDGET_SERVER:-150}"
 BUDGET_GRAPHS="${BUDGET_GRAPHS:-0}"
@@ -73,6 +74,7 @@ TEST_FILES="${TEST_FILES:-tests/test_cuda_graphs.py}"
 # bench step in two sizes: batch 1 and 8 over few sentences (a step at a time is slow to walk through many: 32
 # sentences did not finish in 40 s on the H200), 64 and 256 over enough sentences to fill them (37 s there)
 SMALL_BATCHES="${SMALL_BATCHES:-1,8}"; SMALL_SENTENCES="${SMALL_SENTENCES:-8}"
+SMALL_ROUNDS="${SMALL_ROUNDS:-$STEP_ROUNDS}"   # (one round of batch 8 read 1.97x and three 1.60x on one H200)
 BUDGET_PROFILE="${BUDGET_PROFILE:-70}"
 BUDGET_ENGINE_FLAT="${BUDGET_ENGINE_FLAT:-35}"   # recipes/engine_flat_out.py: load, capture, 3 s warm, 15 s timed (28 s on the H200)
 BUDGET_ENGINE_SWITCH="${BUDGET_ENGINE_SWITCH:-0}"   # the same at a 0.5 ms switch interval; 35 runs it (28 s on the H200)
@@ -169,10 +171,13 @@ step "CUDA tests: graph replay = eager = CPU per policy (tests/test_cuda_graphs.
   "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "${TESTS_K:-cuda}" $TEST_FILES
 step "bench step, float32, small batches, forms $STEP_PATHS (sync-free: eager; graphs: the decoder captured at start-up; graphs-encoder: both)" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
-  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda_small.json"
+  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$SMALL_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda_small.json"
 step "bench step, float32, large batches, $STEP_ARRIVALS arrivals, forms $STEP_PATHS" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals "$STEP_ARRIVALS" \
   --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda.json"
+step "where a step's device time goes between its kernels, small batches (recipes/gpu/step_trace.py; traces beside the report)" "$BUDGET_STEP_TRACE" \
+  "$PY" recipes/gpu/step_trace.py --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --batch-sizes "$SMALL_BATCHES" \
+  --sentences "$SMALL_SENTENCES" --out "$DIR"
 step "bench step, bfloat16" "$BUDGET_STEP_BF16" \
   simulserve bench step --device $DEVICE --dtype bfloat16 --checkpoint "$CKPT" --source "$DATA/test.de" \
   --batch-sizes "$BF16_BATCHES" --sentences "$BF16_SENTENCES" --rounds "$STEP_ROUNDS" --paths default,compiled --json "$DIR/step_cuda_bf16.json"

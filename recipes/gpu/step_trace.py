@@ -1,0 +1,160 @@
+"""Where a streaming step's device time goes between its kernels: one profiled round per batch size, kept as a
+trace, and the device's idle time per step split by what it waits between.
+
+    python recipes/gpu/step_trace.py --source .gpu/data/test.de --out "$OUT"      # on a GPU: trace_b1.json.xz, ...
+    python recipes/gpu/step_trace.py --analyse trace_b8.json.xz                   # anywhere: the table again
+
+`bench step`'s wall against kernel time says how much of a step is not kernels; this says where that is. Each
+step (`StreamingDecoder.step`, marked as `bench step` marks its profiled round) is cut into:
+- **busy**: the union of its device activities (kernels, copies, memsets);
+- **gaps inside graphs**: between two kernels of one graph launch (the same `cudaGraphLaunch`): the device's
+  own cost of a graph of many small kernels, which only fewer, fused kernels cut;
+- **gaps between launches**: between activities of different launches or copies (the host had not queued the
+  next one yet);
+- **before / after**: before its first activity (planning, the upload) and after its last (the read back,
+  the words).
+The profiler slows the host, so the last three read larger than in an unprofiled step; the gaps inside graphs
+are the device's alone. The trace (Chrome's trace format, xz) opens in Perfetto or chrome://tracing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+STEP_MARK = "simulserve::bench_step"   # (models/benchmarks/host_overhead.py; not imported: --analyse needs no torch)
+
+
+def is_graph(runtime_call: str | None) -> bool:
+    """A graph's launch (CUPTI may name a variant: cudaGraphLaunch_v10000, _ptsz)."""
+    return bool(runtime_call) and runtime_call.startswith("cudaGraphLaunch")
+
+
+def analyse(trace: dict) -> dict:
+    """Per step of a Chrome trace with STEP_MARK regions: busy, gaps inside graphs, gaps between launches,
+    before and after, in ms per step, and device activities and graph launches per step."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    # (the host's regions: Kineto adds a gpu_user_annotation of the same name on the device's timeline)
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if e.get("name") == STEP_MARK and e.get("cat") == "user_annotation")
+    launch = {e["args"]["correlation"]: e["name"] for e in events
+              if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    device = sorted((e["ts"], e["ts"] + e["dur"], e.get("args", {}).get("correlation")) for e in events
+                    if e.get("cat") in DEVICE_CATS)
+    parts = defaultdict(float)
+    counts = defaultdict(int)
+    i = 0
+    for start, end in steps:
+        while i < len(device) and device[i][0] < start:
+            i += 1
+        mine = []
+        while i < len(device) and device[i][0] < end:
+            mine.append(device[i])
+            i += 1
+        if not mine:
+            parts["before"] += end - start
+            continue
+        counts["activities"] += len(mine)
+        counts["graph launches"] += len({c for _, _, c in mine if is_graph(launch.get(c))})
+        reach, owner = mine[0][0], None
+        parts["before"] += mine[0][0] - start
+        for a, b, c in mine:
+            b = min(b, end)
+            if a > reach:
+                inside = owner is not None and c == owner and is_graph(launch.get(c))
+                parts["inside graphs" if inside else "between launches"] += a - reach
+            if b > reach:
+                parts["busy"] += b - max(a, reach)
+                reach, owner = b, c
+        parts["after"] += end - reach
+    n = max(len(steps), 1)
+    out = {"steps": len(steps)}
+    out.update({f"{k} ms/step": parts[k] / 1000 / n
+                for k in ("busy", "inside graphs", "between launches", "before", "after")})
+    out.update({f"{k}/step": counts[k] / n for k in ("activities", "graph launches")})
+    return out
+
+
+def table(rows: dict[str, dict]) -> str:
+    keys = ["steps", "activities/step", "graph launches/step", "busy ms/step", "inside graphs ms/step",
+            "between launches ms/step", "before ms/step", "after ms/step"]
+    lines = ["| trace | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[k]:.3f}" if "ms" in k else f"{r[k]:.1f}" for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def record(a) -> dict[str, dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from models.benchmarks.host_overhead import TimedDecoder
+    from models.checkpoint import load_checkpoint, pick_device
+    from models.shipped import resolve_checkpoint
+    from models.translate import simulate
+
+    device = pick_device(a.device)
+    lines = [x.strip() for x in open(a.source, encoding="utf-8") if 0 < len(x.split()) <= 30][: a.sentences]
+    if not lines:
+        sys.exit(f"{a.source}: no line of 1-30 words")
+    model, tok, _ = load_checkpoint(resolve_checkpoint(a.model), device=device)
+    sizes = [int(x) for x in a.batch_sizes.split(",")]
+    dec = TimedDecoder(model, tok, form=a.form)
+    dec.capture_graphs(max(sizes), max(sizes))
+    dec.sync_each_step = False   # (the steps' own syncs only, as bench step's profiled round)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    out = {}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    for b in sizes:
+        simulate(dec, lines[:b], batch_size=b)   # first-call costs out of the trace
+        dec.mark_steps = True
+        with profile(activities=activities) as prof:
+            simulate(dec, lines, batch_size=b)
+        dec.mark_steps = False
+        raw = Path(a.out) / f"trace_b{b}.json"
+        prof.export_chrome_trace(str(raw))
+        trace = json.loads(raw.read_text())
+        with lzma.open(raw.with_suffix(".json.xz"), "wt") as f:
+            json.dump(trace, f)
+        raw.unlink()
+        out[f"batch {b}"] = analyse(trace)
+    print(f"{a.model}, form {a.form}, {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+          + f", {len(lines)} sentences word by word, lockstep, one profiled round per batch size")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--analyse", nargs="+", metavar="TRACE", help="print the table of saved traces (.json or .json.xz)")
+    p.add_argument("-m", "--model", default="gma_delta1")
+    p.add_argument("--source", default="data/de-en-everyday/test.de")
+    p.add_argument("--sentences", type=int, default=8)
+    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--form", default="graphs-encoder", choices=["graphs", "graphs-encoder"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default=".", help="folder for trace_b<batch>.json.xz")
+    a = p.parse_args()
+    if a.analyse:
+        rows = {}
+        for path in a.analyse:
+            opener = lzma.open if path.endswith(".xz") else open
+            with opener(path, "rt") as f:
+                rows[Path(path).name] = analyse(json.load(f))
+    else:
+        rows = record(a)
+    print(table(rows))
+    if len(rows) > 1:
+        inside = [r["inside graphs ms/step"] for r in rows.values()]
+        print(f"gaps inside graphs, median over the traces: {statistics.median(inside):.3f} ms/step")
+
+
+if __name__ == "__main__":
+    main()
