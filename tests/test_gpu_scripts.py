@@ -357,7 +357,7 @@ def test_step_trace_splits_each_steps_idle_device_time_by_what_it_waits_between(
     last are apart; the device's own step annotations are not steps; activities outside every step count
     nowhere."""
     sys.path.insert(0, str(GPU))
-    from step_trace import STEP_MARK, analyse
+    from step_trace import STEP_MARK, analyse, kernel_kind, per_graph
 
     def x(name, cat, ts, dur, corr=None):
         return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur,
@@ -376,6 +376,15 @@ def test_step_trace_splits_each_steps_idle_device_time_by_what_it_waits_between(
     assert ms == {"busy ms/step": 2 + 35, "inside graphs ms/step": 3 + 2, "between launches ms/step": 8,
                   "before ms/step": 10 + 50, "after ms/step": 40}
     assert sum(ms.values()) == 100 + 50   # every microsecond of every step in one part
+    # per graph: the one launch of three kernels, its span, kernels' time, gaps and widest gap; kinds by name
+    (graph,) = per_graph(trace)
+    assert {k: graph[k] for k in ("kernels", "launches", "span_us", "busy_us", "gaps_us", "widest_gap_us")} == \
+        {"kernels": 3, "launches": 1, "span_us": 40, "busy_us": 35, "gaps_us": 5, "widest_gap_us": 3}
+    assert graph["kinds"] == [("k1", 1, 10), ("k2", 1, 10), ("k3", 1, 15)]
+    assert kernel_kind("void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long>(at::x)") == \
+        "indexSelectSmallIndex"
+    assert kernel_kind("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, float>(x)") == \
+        "gemvx::kernel"
 
 
 def test_step_trace_records_a_trace_per_batch_size_and_reads_it_back(trained, tmp_path):

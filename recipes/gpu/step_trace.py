@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -82,6 +83,64 @@ def analyse(trace: dict) -> dict:
     return out
 
 
+def kernel_kind(name: str) -> str:
+    """A kernel's name without its return type, namespaces' noise, template and argument lists:
+    `void at::native::(anonymous namespace)::indexSelectSmallIndex<float, ...>(...)` -> `indexSelectSmallIndex`."""
+    name = re.sub(r"^std::enable_if<.*?>::type ", "", name)
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    name = re.split(r"[<(]", name, maxsplit=1)[0].strip()
+    parts = name.split("::")
+    return "::".join(parts[-2:]) if parts[-1] == "kernel" else parts[-1] or name[:60]
+
+
+def per_graph(trace: dict) -> list[dict]:
+    """The graph launches of a trace grouped by their kernel count (one group per captured graph shape, nearly):
+    launches, and the medians of span, busy time and gaps inside, in µs, and of the widest gap; the kinds of
+    kernel of the group's first launch (name up to its template or argument list) with count and µs."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    graphs = {e["args"]["correlation"] for e in events
+              if e.get("cat") == "cuda_runtime" and is_graph(e.get("name")) and "correlation" in e.get("args", {})}
+    launches = defaultdict(list)
+    for e in events:
+        if e.get("cat") in DEVICE_CATS and e.get("args", {}).get("correlation") in graphs:
+            launches[e["args"]["correlation"]].append(e)
+    groups = defaultdict(list)
+    for kernels in launches.values():
+        kernels.sort(key=lambda e: e["ts"])
+        groups[len(kernels)].append(kernels)
+    out = []
+    for n, group in sorted(groups.items()):
+        spans, busy, widest = [], [], []
+        for kernels in group:
+            spans.append(kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"])
+            busy.append(sum(e["dur"] for e in kernels))
+            widest.append(max((b["ts"] - a["ts"] - a["dur"] for a, b in zip(kernels, kernels[1:])), default=0.0))
+        kinds = defaultdict(lambda: [0, 0.0])
+        for e in group[0]:
+            kind = kernel_kind(e["name"])
+            kinds[kind][0] += 1
+            kinds[kind][1] += e["dur"]
+        out.append({"kernels": n, "launches": len(group), "span_us": statistics.median(spans),
+                    "busy_us": statistics.median(busy),
+                    "gaps_us": statistics.median(s - b for s, b in zip(spans, busy)),
+                    "widest_gap_us": statistics.median(widest),
+                    "kinds": sorted(((k, c, d) for k, (c, d) in kinds.items()), key=lambda x: -x[1])})
+    return out
+
+
+def graph_table(groups: list[dict]) -> str:
+    lines = ["| kernels per graph | launches | span µs | kernels' µs | gaps inside µs | widest gap µs |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for g in groups:
+        lines.append(f"| {g['kernels']} | {g['launches']} | {g['span_us']:.1f} | {g['busy_us']:.1f} | "
+                     f"{g['gaps_us']:.1f} | {g['widest_gap_us']:.1f} |")
+    top = max(groups, key=lambda g: g["launches"] * g["kernels"], default=None)
+    if top is not None:
+        lines.append(f"\nkinds of kernel in one launch of the {top['kernels']}-kernel graph (count, µs): "
+                     + "; ".join(f"{k} {c}, {d:.1f}" for k, c, d in top["kinds"][:8]))
+    return "\n".join(lines)
+
+
 def table(rows: dict[str, dict]) -> str:
     keys = ["steps", "activities/step", "graph launches/step", "busy ms/step", "inside graphs ms/step",
             "between launches ms/step", "before ms/step", "after ms/step"]
@@ -134,6 +193,8 @@ def record(a) -> dict[str, dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--analyse", nargs="+", metavar="TRACE", help="print the table of saved traces (.json or .json.xz)")
+    p.add_argument("--per-graph", action="store_true", help="with --analyse: each trace's graph launches too, "
+                                                            "grouped by kernel count (span, kernels, gaps, kinds)")
     p.add_argument("-m", "--model", default="gma_delta1")
     p.add_argument("--source", default="data/de-en-everyday/test.de")
     p.add_argument("--sentences", type=int, default=8)
@@ -147,7 +208,10 @@ def main() -> None:
         for path in a.analyse:
             opener = lzma.open if path.endswith(".xz") else open
             with opener(path, "rt") as f:
-                rows[Path(path).name] = analyse(json.load(f))
+                trace = json.load(f)
+            rows[Path(path).name] = analyse(trace)
+            if a.per_graph:
+                print(f"{Path(path).name}: graph launches by kernel count (medians)\n{graph_table(per_graph(trace))}\n")
     else:
         rows = record(a)
     print(table(rows))
