@@ -170,7 +170,9 @@ class ModelEngine:
                 "decoding": dataclasses.asdict(self.dec.options),
                 "batching": {"max_batch": self.max_batch, "window_ms": self.window * 1000,
                              "overlap": self.overlap, "overlapped_jobs": self.overlapped},
-                "active_streams": len(self.handles), "max_streams": self.capacity}
+                "active_streams": len(self.handles), "max_streams": self.capacity,
+                # the MPS daemon this process was pointed at (server/mps.py; CUDA reads it when it starts), or None
+                "mps_pipes": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
 
     # ---- handler API (event loop) ------------------------------------------------
     def policy_for(self, k, delta) -> Policy:

@@ -300,7 +300,8 @@ def combined_info(parts: list[dict]) -> dict:
                                   "step_form_timed": "choice" in p["step_form"],   # (else given: the setting,
                                   "active_streams": p["active_streams"],           # or engine 1's choice)
                                   "max_streams": p["max_streams"],
-                                  "overlapped_jobs": p["batching"]["overlapped_jobs"]} for p in parts])
+                                  "overlapped_jobs": p["batching"]["overlapped_jobs"],
+                                  "mps_pipes": p.get("mps_pipes")} for p in parts])
     out["batching"] = dict(out["batching"], overlapped_jobs=sum(p["batching"]["overlapped_jobs"] for p in parts))
     return out
 

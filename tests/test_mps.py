@@ -130,6 +130,8 @@ def test_serve_points_its_engines_at_its_own_daemon_and_stops_it_after_them(trai
         for pid in srv.engine_pids:
             assert engine_environ(pid)["CUDA_MPS_PIPE_DIRECTORY"] == pipes
         assert httpx.get(srv.http + "/health").json()["status"] == "ok"
+        (waitk,) = httpx.get(srv.http + "/v1/models").json()["models"]
+        assert [e["mps_pipes"] for e in waitk["engine_processes"]] == [pipes, pipes]
     finally:
         code = srv.stop()
     assert code == 0, srv.output()
@@ -150,6 +152,8 @@ def test_a_daemon_that_fails_stops_serve_only_when_mps_is_on(trained, tmp_path):
     try:
         assert "the engine processes take turns on the GPU" in srv.output()
         assert all("CUDA_MPS_PIPE_DIRECTORY" not in engine_environ(pid) for pid in srv.engine_pids)
+        (waitk,) = httpx.get(srv.http + "/v1/models").json()["models"]
+        assert [e["mps_pipes"] for e in waitk["engine_processes"]] == [None, None]
     finally:
         assert srv.stop() == 0
 
