@@ -95,7 +95,8 @@ class StreamingDecoder:
         if self.form.static_shapes:
             self._static_shapes()
         if self.compiled:
-            mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+            # (with graphs of our own, inductor only fuses: its own CUDA graphs record lazily, on live traffic)
+            mode = "reduce-overhead" if self.device.type == "cuda" and not self.form.graphs else "default"
             self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
         # the output projection (the embedding, tied) packed or int8 like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows

@@ -17,7 +17,9 @@ things at once, so that no combination of switches can be asked for that nobody 
   (torch.compile of the decoder step; CUDA graphs on CUDA), which needs static shapes;
 - `graphs`: static shapes, and the decoder step captured as CUDA graphs once, at start-up, for every padded
   batch size and cache length (`StreamingDecoder.capture_graphs`; models/cuda_graphs.py); on the CPU the
-  same fixed shapes run eagerly. `graphs-encoder` captures the causal encoder's chunk step too.
+  same fixed shapes run eagerly. `graphs-encoder` captures the causal encoder's chunk step too;
+  `graphs-fused` compiles the decoder step with inductor (dynamic shapes, its default mode: fused kernels,
+  none of its own CUDA graphs) and captures that, so that a graph holds fewer, larger kernels.
 """
 from __future__ import annotations
 
@@ -78,6 +80,12 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
     StepForm("graphs-encoder", "packed", sync_free=True, static_shapes=True, graphs=True, graph_encoder=True,
              summary="graphs, and the causal encoder's chunk step captured too (chunks of up to 64 subwords; "
                      "wider ones run eagerly)"),
+    # (an experiment for the GPU's graphs: a graph of the eager decoder step is 236 small kernels, 134 of them
+    # elementwise, with 0.25-0.3 us between two on an H200; docs/benchmarks.md, seventh measurement)
+    StepForm("graphs-fused", "model", sync_free=True, static_shapes=True, compiled=True, graphs=True,
+             graph_encoder=True,
+             summary="graphs-encoder, with the decoder step compiled by inductor (fused kernels, no CUDA graphs of "
+                     "its own) before it is captured: compiles at start-up"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
     # the server's default: the fastest form that passed the quality gate, timed where it runs
@@ -99,6 +107,7 @@ def step_form(form: "str | StepForm") -> StepForm:
 STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); "
              "int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs on CUDA); "
              "graphs (CUDA graphs captured at start-up); graphs-encoder (the encoder's step captured too); "
+             "graphs-fused (graphs-encoder with the decoder step compiled by inductor first); "
              "host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
 
 

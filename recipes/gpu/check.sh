@@ -35,7 +35,7 @@ if [ "${FLAT_OUT:-0}" = 1 ]; then   # the flat-out experiments, QUICK or not (a 
   : "${BUDGET_SERVER_ENGINES:=100}"
 fi
 if [ "${QUICK:-0}" = 1 ]; then
-  : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
+  : "${BUDGET_TESTS:=45}" "${TESTS_K:=replay_equals and not fused}" "${BUDGET_STEP:=75}" "${STEP_PATHS:=graphs-encoder}"
   : "${SERVER_LEVELS:=1000,4000}" "${BUDGET_SERVER:=120}" "${BUDGET_ENGINE_FLAT:=0}" "${BUDGET_PROFILE:=0}"
   : "${BUDGET_ENGINE_NO_OVERLAP:=0}"
 fi
@@ -53,6 +53,10 @@ BUDGET_STEP="${BUDGET_STEP:-130}"     # halved between the small and the large b
 # the step forms bench step compares: eager sync-free and the two graph forms (QUICK: the default form alone)
 STEP_PATHS="${STEP_PATHS:-sync-free,graphs,graphs-encoder}"
 BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-0}"
+# the graphs-fused form (the decoder step compiled by inductor, then captured): its replay tests (compiling is
+# most of it; not yet run on a GPU: 150 to start with) and bench step against graphs-encoder at SMALL_BATCHES
+BUDGET_FUSED_TESTS="${BUDGET_FUSED_TESTS:-0}"
+BUDGET_STEP_FUSED="${BUDGET_STEP_FUSED:-0}"
 BUDGET_STEP_TRACE="${BUDGET_STEP_TRACE:-0}"   # recipes/gpu/step_trace.py at SMALL_BATCHES: traces and the gaps per step; 40 runs it
 BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
 BUDGET_SERVER="${BUDGET_SERVER:-150}"
@@ -175,6 +179,12 @@ step "bench step, float32, small batches, forms $STEP_PATHS (sync-free: eager; g
 step "bench step, float32, large batches, $STEP_ARRIVALS arrivals, forms $STEP_PATHS" "$((BUDGET_STEP / 2))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals "$STEP_ARRIVALS" \
   --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda.json"
+step "CUDA tests of graphs-fused: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py)" "$BUDGET_FUSED_TESTS" \
+  "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "replay_equals and fused" tests/test_cuda_graphs.py
+step "bench step, float32, small batches, graphs-encoder against graphs-fused" "$BUDGET_STEP_FUSED" \
+  simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
+  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$SMALL_ROUNDS" --paths graphs-encoder,graphs-fused \
+  --json "$DIR/step_cuda_fused.json"
 step "where a step's device time goes between its kernels, small batches (recipes/gpu/step_trace.py; traces beside the report)" "$BUDGET_STEP_TRACE" \
   "$PY" recipes/gpu/step_trace.py --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --batch-sizes "$SMALL_BATCHES" \
   --sentences "$SMALL_SENTENCES" --out "$DIR"
