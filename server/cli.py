@@ -250,12 +250,15 @@ def run(args) -> int:
 
 
 def mps_plan(settings, device: str):
-    """What serve does about NVIDIA's MPS (server/mps.py): GPUs counted where a bare cuda spreads the engines."""
+    """What serve does about NVIDIA's MPS (server/mps.py), given the GPUs the engine processes land on (the rule
+    that spreads them: server/settings.py engine_device)."""
     from server.mps import plan
+    from server.settings import engine_device
     gpus = 1
-    if device == "cuda" and settings.serving.device in ("cuda", "auto"):
+    if device == "cuda":
         import torch
-        gpus = torch.cuda.device_count()
+        count = torch.cuda.device_count()
+        gpus = len({engine_device(settings.serving.device, i, count) for i in range(settings.transport.engines)})
     return plan(settings.transport.mps, device, settings.transport.engines, gpus)
 
 

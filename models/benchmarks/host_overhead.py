@@ -45,6 +45,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from models.benchmarks.operators import top_level_operators
+from models.benchmarks.timeline import STEP_MARK, device_timeline  # noqa: F401 (STEP_MARK: the tests' too)
 from models.step import StreamingDecoder
 from models.translate import simulate
 
@@ -73,40 +74,6 @@ CUDA_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchK
 def is_compute(name: str) -> bool:
     """An operator (aten::, mkldnn::, ...) that does arithmetic: not in NON_COMPUTE."""
     return "::" in name and name not in NON_COMPUTE and not name.startswith(NON_COMPUTE_PREFIXES)
-
-
-STEP_MARK = "simulserve::bench_step"   # the profiled round's steps, for device_timeline
-
-
-def device_timeline(steps: list[tuple[int, int]], device: list[tuple[int, int]]) -> dict:
-    """Where the steps' wall time went while the device was idle. steps: each step's (start, end) on the host
-    clock; device: every device activity's (start, end) on the same clock (ns). Per step, of the device
-    activities that start inside it: idle before the first, idle between them (the step's device span less
-    the union of its activities), idle after the last; a step with none is idle before, all of it. Returns
-    the totals in seconds ("busy_s" the union of activities inside the steps) and "steps"."""
-    device = sorted(device)
-    out = {"idle_before_s": 0.0, "idle_between_s": 0.0, "idle_after_s": 0.0, "busy_s": 0.0, "steps": len(steps)}
-    i = 0
-    for start, end in sorted(steps):
-        while i < len(device) and device[i][0] < start:
-            i += 1
-        mine = []
-        while i < len(device) and device[i][0] < end:
-            mine.append((device[i][0], min(device[i][1], end)))
-            i += 1
-        if not mine:
-            out["idle_before_s"] += (end - start) / 1e9
-            continue
-        busy, reach = 0, mine[0][0]
-        for a, b in mine:   # the union of the activities (a copy may overlap a kernel)
-            if b > reach:
-                busy += b - max(a, reach)
-                reach = b
-        out["idle_before_s"] += (mine[0][0] - start) / 1e9
-        out["idle_between_s"] += (reach - mine[0][0] - busy) / 1e9
-        out["idle_after_s"] += (end - reach) / 1e9
-        out["busy_s"] += busy / 1e9
-    return out
 
 
 class TimedDecoder(StreamingDecoder):

@@ -28,9 +28,9 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from models.benchmarks.timeline import STEP_MARK, device_timeline  # noqa: E402 (torch-free: --analyse runs anywhere)
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-STEP_MARK = "simulserve::bench_step"   # (models/benchmarks/host_overhead.py; not imported: --analyse needs no torch)
 
 
 def is_graph(runtime_call: str | None) -> bool:
@@ -40,46 +40,24 @@ def is_graph(runtime_call: str | None) -> bool:
 
 def analyse(trace: dict) -> dict:
     """Per step of a Chrome trace with STEP_MARK regions: busy, gaps inside graphs, gaps between launches,
-    before and after, in ms per step, and device activities and graph launches per step."""
+    before and after, in ms per step, and device activities and graph launches per step
+    (models/benchmarks/timeline.py cuts them, as for `bench step`)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     # (the host's regions: Kineto adds a gpu_user_annotation of the same name on the device's timeline)
-    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                   if e.get("name") == STEP_MARK and e.get("cat") == "user_annotation")
+    steps = [(e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000) for e in events
+             if e.get("name") == STEP_MARK and e.get("cat") == "user_annotation"]
     launch = {e["args"]["correlation"]: e["name"] for e in events
               if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    device = sorted((e["ts"], e["ts"] + e["dur"], e.get("args", {}).get("correlation")) for e in events
-                    if e.get("cat") in DEVICE_CATS)
-    parts = defaultdict(float)
-    counts = defaultdict(int)
-    i = 0
-    for start, end in steps:
-        while i < len(device) and device[i][0] < start:
-            i += 1
-        mine = []
-        while i < len(device) and device[i][0] < end:
-            mine.append(device[i])
-            i += 1
-        if not mine:
-            parts["before"] += end - start
-            continue
-        counts["activities"] += len(mine)
-        counts["graph launches"] += len({c for _, _, c in mine if is_graph(launch.get(c))})
-        reach, owner = mine[0][0], None
-        parts["before"] += mine[0][0] - start
-        for a, b, c in mine:
-            b = min(b, end)
-            if a > reach:
-                inside = owner is not None and c == owner and is_graph(launch.get(c))
-                parts["inside graphs" if inside else "between launches"] += a - reach
-            if b > reach:
-                parts["busy"] += b - max(a, reach)
-                reach, owner = b, c
-        parts["after"] += end - reach
+    device = [(e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000, e.get("args", {}).get("correlation")) for e in events
+              if e.get("cat") in DEVICE_CATS]   # (µs in the trace, ns for the timeline)
+    t = device_timeline(steps, device, inside=lambda c: is_graph(launch.get(c)))
     n = max(len(steps), 1)
+    ms = {"busy": t["busy_s"], "inside graphs": t["idle_inside_graphs_s"],
+          "between launches": t["idle_between_s"] - t["idle_inside_graphs_s"], "before": t["idle_before_s"],
+          "after": t["idle_after_s"]}
     out = {"steps": len(steps)}
-    out.update({f"{k} ms/step": parts[k] / 1000 / n
-                for k in ("busy", "inside graphs", "between launches", "before", "after")})
-    out.update({f"{k}/step": counts[k] / n for k in ("activities", "graph launches")})
+    out.update({f"{k} ms/step": v * 1000 / n for k, v in ms.items()})
+    out.update({"activities/step": t["activities"] / n, "graph launches/step": t["graph_launches"] / n})
     return out
 
 
