@@ -85,7 +85,8 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
     StepForm("graphs-fused", "model", sync_free=True, static_shapes=True, compiled=True, graphs=True,
              graph_encoder=True,
              summary="graphs-encoder, with the decoder step compiled by inductor (fused kernels, no CUDA graphs of "
-                     "its own) before it is captured: compiles at start-up"),
+                     "its own) before it is captured: it compiles while capturing (on the CPU: at its first "
+                     "steps)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
     # the server's default: the fastest form that passed the quality gate, timed where it runs

@@ -159,7 +159,8 @@ class ServerSettings(BaseSettings):
                                               "a daemon of the server's own where 2 or more engine processes share "
                                               "a CUDA GPU and nvidia-cuda-mps-control is installed (a daemon "
                                               "running already is used as it is); on: the same, an error where "
-                                              "it cannot; off: never (docs/server.md#mps)")
+                                              "it cannot; off: never "
+                                              "(docs/server.md#mps-engine-processes-sharing-a-gpu)")
     # engine
     batch_window_ms: float = Field(2.0, ge=0, le=1000, description="after an idle spell, wait this long for "
                                                                    "more streams to batch with")
