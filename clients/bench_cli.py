@@ -61,6 +61,10 @@ def register(sub) -> None:
                "                  zero_), views (view, reshape, select, slice, transpose, ...) and dropout,\n"
                "                  not called by one of those, calling no other compute operator\n"
                "  encoding steps  the share of steps that ran the encoder (see --arrivals)\n"
+               "  outside graphs ms/step (graph forms)  the step's time outside its graphs: on the CPU the\n"
+               "                  wall less the replayed graphs' eager bodies, i.e. the host work (planning,\n"
+               "                  uploads, copies, results) a GPU run pays as well; on CUDA the wall less the\n"
+               "                  graph span\n"
                "  wall/kernel     the host's share (1 = nothing but kernels)\n"
                "  operators/step  aten:: operators the step's Python code dispatched (none enclosing\n"
                "                  them): host time each, a kernel launch each on a GPU unless graphed\n"
@@ -222,9 +226,10 @@ def host_overhead_row(r: dict, cuda: bool) -> str:
     extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | "
              f"{activities} | {span} | {idle} | " if cuda else "")
     ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
+    outside = f"{r['outside_graphs_ms_per_step']:.3f}" if "outside_graphs_ms_per_step" in r else "n/a"
     return (f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | "
-            f"{r['step_wall_ms']:.2f} | "
-            f"{r['kernel_ms_per_step']:.3f} | {r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {ratio} | "
+            f"{r['step_wall_ms']:.2f} | {r['kernel_ms_per_step']:.3f} | "
+            f"{r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {outside} | {ratio} | "
             f"{r['operators_per_step']:.0f} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
             f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
 
@@ -268,13 +273,13 @@ def run_step(args) -> int:
           "against kernel time "
           f"({'GPU activities' if cuda else 'CPU compute operators'}, one profiled round); "
           "`simulserve bench step -h` defines each column")
-    print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | wall/kernel | "
-          "operators/step | uploads/step | reads/step | "
+    print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | "
+          "outside graphs ms/step | wall/kernel | operators/step | uploads/step | reads/step | "
           + ("launches/step | memcpy/step | syncs/step | device activities/step | graph span ms/step | "
              "device idle before / between / after ms | " if cuda else "")
           + "identical | same as first |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|---:|---:|" if cuda else "")
-          + ":---:|:---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          + ("---:|---:|---:|---:|---:|---:|" if cuda else "") + ":---:|:---:|")
     for r in host:
         print(host_overhead_row(r, cuda))
     if choice is not None:

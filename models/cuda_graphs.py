@@ -8,8 +8,9 @@ capturable:
   power of two (one length for the decoder's own keys and the source: fewer graphs);
 - fixed addresses: the cache pool is made `fixed` (it never grows or shrinks), and a step's inputs are the
   batch's slots and the slot rows the host changed (one row per batch row, padding rows rewriting the scratch
-  slot's own values), copied into the graph's own tensors; the graph writes those rows into the pool
-  (models/slot_state.py) and steps, so no eager operator runs between a step's graphs but the input copies;
+  slot's own values), at fixed places of one input buffer that a step fills with one copy
+  (models/graph_inputs.py); the graph writes those rows into the pool (models/slot_state.py) and steps, so no
+  eager operator runs between a step's graphs;
 - no host read inside: the form is sync-free and the token filters that ban per row are off.
 
 With `graphs-encoder` the causal encoder's chunk step (the new source subwords of every stream that read
@@ -31,6 +32,7 @@ import time
 import torch
 
 from models.errors import UserError
+from models.graph_inputs import GraphInputs
 
 
 # the profiler's name for what a graph replays (off CUDA: run eagerly in its place); models/benchmarks/operators.py
@@ -71,7 +73,13 @@ class DecoderGraphs:
         self.encoder_replays = 0
         # a benchmark's list of (start, end) CUDA events around every replay (None: not timed; an event costs host time)
         self.spans: list | None = None
+        # a benchmark's seconds spent inside the replayed bodies off CUDA (None: not timed): the rest of a step's
+        # wall time is the host work a GPU run pays as well (models/benchmarks/host_overhead.py)
+        self.eager_seconds: float | None = None
         self.mempool = torch.cuda.graph_pool_handle() if self.cuda else None
+        # every graph's inputs, at fixed places of one buffer (a step uploads into it: Upload.place)
+        self.inputs = GraphInputs(decoder.device, self.sizes[-1], len(decoder._scratch_fresh), max(self.widths or [0]))
+        self.copies = 0   # inputs a replay had to copy into its graph's own (none where the step placed them)
 
     def length(self, t_max: int, a_max: int) -> int:
         """The one cache length a step of these lengths runs at (the decoder's bucket of the longer)."""
@@ -91,20 +99,17 @@ class DecoderGraphs:
         try:
             for b in reversed(self.sizes):
                 for n in reversed(self.lengths):
-                    slots = torch.full((b,), dec.scratch, dtype=torch.long, device=dec.device)
-                    # the changed rows it writes first, and what it puts back after: all padding (the scratch
-                    # slot's own values)
-                    padding = (torch.tensor([dec._scratch_change] * b, dtype=torch.long, device=dec.device),
-                               torch.tensor([dec._scratch_fresh] * b, dtype=torch.long, device=dec.device))
-                    changes, fresh = padding[0].clone(), padding[1].clone()
-                    # (the padding among the graph's own tensors: the graph reads it at its address on every
-                    # replay, so the entry keeps it alive; a replay copies only the first three in)
-                    self._capture_one((b, n), lambda x, c, f, p0, p1, n=n: dec._graph_step(x, c, f, (p0, p1), n),
-                                      slots, changes, fresh, *padding)
+                    # the batch's slots, the changed rows it writes first and the new streams' rows: all padding
+                    # (the scratch slot and its own values) while it is captured
+                    slots, changes, fresh = self.decoder_inputs(b)
+                    slots.fill_(dec.scratch)
+                    changes.copy_(torch.tensor([dec._scratch_change] * b, dtype=torch.long))
+                    fresh.copy_(torch.tensor([dec._scratch_fresh] * b, dtype=torch.long))
+                    self._capture_one((b, n), lambda x, c, f, n=n: dec._graph_step(x, c, f, n), slots, changes, fresh)
                     for w in reversed(self.widths):
-                        tokens = torch.full((b, w), dec.cfg.pad_id, dtype=torch.long, device=dec.device)
-                        rows = torch.zeros(b, 3, dtype=torch.long, device=dec.device)
-                        rows[:, 0] = dec.scratch
+                        tokens, rows = self.encoder_inputs(b, w)
+                        tokens.fill_(dec.cfg.pad_id)
+                        rows.copy_(torch.tensor([[dec.scratch, 0, 0]] * b, dtype=torch.long))
                         self._capture_one(("enc", b, w, n), lambda x, r, n=n: dec._encode_core(x, r, n), tokens, rows)
         finally:
             gc.unfreeze()
@@ -132,15 +137,43 @@ class DecoderGraphs:
             out = fn(*static)
         self.entries[key] = (graph, static, out)
 
+    def decoder_places(self, batch: int) -> tuple[int, int, int]:
+        """Where in the input buffer the decoder graphs of `batch` rows read their slots, changed rows and new
+        streams' rows (GraphInputs.decoder); a batch size not captured is a clear error."""
+        if batch not in self.sizes:
+            raise GraphShapeError(f"no graph for a batch of {batch} rows (captured: batches {self.sizes}); graphs "
+                                  "are captured at start-up only: raise the server's max_batch to step larger batches")
+        return self.inputs.decoder(batch)
+
+    def decoder_inputs(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoder graphs' inputs for `batch` rows: slots (B,), changed rows (B, 5), new streams' rows
+        (B, 1 + policy fields), views of the input buffer."""
+        at, inp = self.decoder_places(batch), self.inputs
+        return (inp.view(at[0], (batch,)), inp.view(at[1], (batch, 5)),
+                inp.view(at[2], (batch, inp.fresh_columns)))
+
+    def encoder_inputs(self, batch: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder graphs' inputs for `batch` rows of `width` subwords: tokens (B, W), rows (B, 3)."""
+        at = self.inputs.encoder(batch, width)
+        return self.inputs.view(at[0], (batch, width)), self.inputs.view(at[1], (batch, 3))
+
     def _replay(self, entry: tuple, *inputs: torch.Tensor | None):
-        """Copy the inputs into the graph's own tensors (None: keep what is there) and replay it."""
+        """Replay the graph on its inputs: the step placed them in the graph's own tensors (Upload.place); any
+        other tensor is copied in first (None: keep what is there)."""
         graph, static, out = entry
         for buffer, x in zip(static, inputs):
-            if x is not None:
+            if x is not None and x is not buffer:
                 buffer.copy_(x)
+                self.copies += 1
         if graph is None:   # (marked, so that an operator count can tell what a GPU would replay: REPLAYED)
+            if self.eager_seconds is None:
+                with torch.profiler.record_function(REPLAYED):
+                    return out(*static)
+            t0 = time.perf_counter()   # (the mark too: a GPU's replay has none)
             with torch.profiler.record_function(REPLAYED):
-                return out(*static)
+                result = out(*static)
+            self.eager_seconds += time.perf_counter() - t0
+            return result
         if self.spans is None:
             graph.replay()
             return out
@@ -161,7 +194,7 @@ class DecoderGraphs:
     def run(self, slots: torch.Tensor, t_max: int, a_max: int, changes: torch.Tensor | None = None,
             fresh: torch.Tensor | None = None) -> torch.Tensor:
         """The (B, 3) decisions of one step of the rows `slots` (padded to a captured batch size), after writing
-        the slot rows the host changed (`changes`, `fresh`: one row per batch row, padded; None: none changed.
+        the slot rows the host changed (`changes`, `fresh`: one row per batch row, padded.
         StreamingDecoder._graph_step)."""
         b, n = slots.shape[0], self.length(t_max, a_max)
         entry = self.entries.get((b, n))

@@ -17,6 +17,7 @@ import torch
 from models.beam import beam_search
 from models.cache_pool import CachePool
 from models.decode_io import DecodeInput, DecodeOutput
+from models.graph_inputs import Readback
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
@@ -49,8 +50,9 @@ class PendingStep:
     states: list[StreamState]
     out: list[StepOutput | None]
     batch: list[int] = field(default_factory=list)
-    decided: torch.Tensor | None = None       # (len(batch), 3): on the device, or its pinned copy (`ready`)
-    ready: torch.cuda.Event | None = None     # recorded after the copy to the host (launch's defer)
+    decided: torch.Tensor | None = None       # (len(batch), 3): on the CPU, or (CUDA) its pinned copy (`ready`)
+    ready: torch.cuda.Event | None = None     # recorded after the copy to the host (CUDA)
+    readback: tuple | None = None             # the pinned buffer `decided` views, handed back once collected
     record: DecodeOutput | None = None        # the trial's DecodeOutput where a stream records (plots)
 
 
@@ -90,6 +92,7 @@ class StreamingDecoder:
         self.scratch = None
         self._scratch_change = self._scratch_fresh = None   # (its padding rows: _static_shapes)
         self.graphs = None   # models/cuda_graphs.py: the decoder step's captured graphs (capture_graphs)
+        self.readback = Readback()   # pinned buffers the decisions come back in (CUDA)
         # the slot fields a new stream's policy sets (one policy class per model: the same for every stream)
         self.slot_names = list(make_policy(self.cfg).slot_values())
         if self.form.static_shapes:
@@ -236,10 +239,10 @@ class StreamingDecoder:
         return self.collect(self.launch(states))
 
     @torch.inference_mode()
-    def launch(self, states: list[StreamState], defer: bool = False) -> PendingStep:
+    def launch(self, states: list[StreamState]) -> PendingStep:
         """The first half of `step`: every decision that needs no model, made, and the batch's encoder and decoder
         work queued on the device; `collect` takes the decoder's decisions. Between the two the states are in
-        flight: no other launch may take them. defer (CUDA): the decisions are copied to the host behind the
+        flight: no other launch may take them. On CUDA the decisions are copied to pinned host memory behind the
         queued kernels, so that the caller can do other host work (an earlier step's results, another batch's
         planning) while the device runs, and `collect` waits only for what is left (server/engine.py overlap)."""
         for s in states:
@@ -249,6 +252,11 @@ class StreamingDecoder:
                 raise StreamError("stream is in a step that was launched and not yet collected")
         out: list[StepOutput | None] = [None] * len(states)
         compute = []
+        # READ decisions that need no model compute: GMA's needs the decoder once; a blocked trial records how much
+        # source it needs (`s.need`: the first blocking layer's window, which more source cannot change), so until
+        # that much has arrived the answer is READ again without recomputing it; then the policy's own rule. (This
+        # loop runs for every row of every step: _max_target_len is inlined.)
+        eos, cap = self.cfg.eos_id, self.cfg.max_positions - 1
         for i, s in enumerate(states):
             if s.done:
                 out[i] = StepOutput(DONE, finished=True)
@@ -256,14 +264,17 @@ class StreamingDecoder:
                 out[i] = READ_OUTPUT
             elif s.queue:
                 out[i] = self._write(s, s.queue.pop(0))
-            elif self._must_read(s):
-                # s.need: what the last decoder trial asked for (a GMA window, or one more word after an
-                # early EOS), never less than the policy's own rule
-                out[i] = self._read(s, s.policy.need(s))
-            elif len(s.target_tokens) >= self._max_target_len(s):
-                out[i] = self._write(s, self.cfg.eos_id)
             else:
-                compute.append(i)
+                finished = s.source_finished
+                available = len(s.source_tokens) + finished
+                if not finished and (available < s.need or s.policy.must_read(s)):
+                    # s.need: what the last decoder trial asked for (a GMA window, or one more word after an
+                    # early EOS), never less than the policy's own rule
+                    out[i] = self._read(s, s.policy.need(s))
+                elif len(s.target_tokens) >= (min(cap, MAX_LEN_A * available + MAX_LEN_B) if finished else cap):
+                    out[i] = self._write(s, eos)
+                else:
+                    compute.append(i)
         pending = PendingStep(states, out)
         if not compute:
             return pending
@@ -272,7 +283,7 @@ class StreamingDecoder:
         # encode only what a decoder step is about to use: words read while the policy waits
         # are encoded together, as one chunk. Everything the step needs from the host goes
         # to the device in one copy (the encoder's new subwords and the decoder's rows)
-        upload = Upload()
+        upload = Upload(self.graphs.inputs if self.graphs is not None else None)
         todo, enc_shape = self._plan_encode([states[i] for i in compute], upload)
         if batch:
             lengths = self._plan_decode([states[i] for i in batch], upload)
@@ -286,11 +297,8 @@ class StreamingDecoder:
         if batch:
             decided, pending.record = self._launch_decode([states[i] for i in batch], sent, *lengths)
             decided = decided[: len(batch)]
-            if defer and self.device.type == "cuda":   # (pinned: the copy runs behind the queued kernels)
-                pending.decided = torch.empty(decided.shape, dtype=decided.dtype, pin_memory=True)
-                pending.decided.copy_(decided, non_blocking=True)
-                pending.ready = torch.cuda.Event()
-                pending.ready.record()
+            if self.device.type == "cuda":   # (into a reused pinned buffer: the copy runs behind the queued kernels)
+                pending.decided, pending.ready, pending.readback = self.readback.start(decided)
             else:
                 pending.decided = decided
             pending.batch = batch
@@ -338,17 +346,6 @@ class StreamingDecoder:
         return results
 
     # ---- internals ------------------------------------------------------------
-    def _must_read(self, s: StreamState) -> bool:
-        """READ decisions that need no model compute. GMA's needs the decoder once; a
-        blocked trial records how much source it needs (`s.need`: the first blocking
-        layer's window, which more source cannot change), so until that much has
-        arrived the answer is READ again without recomputing it. Then the policy's own rule."""
-        if s.source_finished:
-            return False
-        if s.available < s.need:
-            return True
-        return s.policy.must_read(s)
-
     def _read(self, s: StreamState, need: float) -> StepOutput:
         """READ: take words from the inbox until `need` source positions are there
         (several READs in a row, done at once), the end of the source once the inbox
@@ -390,14 +387,15 @@ class StreamingDecoder:
         rows = [[s.slot, s.n_encoded, len(x)] for s, x in zip(todo, new)]
         shape = (self.graphs.encoder_shape(len(todo), width, max(s.n_encoded for s in todo))
                  if self.graphs is not None and self.graphs.widths else None)
-        if shape is not None:   # a captured encoder step: padded rows (the scratch slot) and width
+        pad = self.cfg.pad_id
+        if shape is not None:   # a captured encoder step: its inputs in place, padded rows (the scratch slot) and width
             batch, width, length = shape
-            new += [[]] * (batch - len(new))
-            rows += [[self.scratch, 0, 0]] * (batch - len(rows))
-        upload.add("enc_tokens", [x + [self.cfg.pad_id] * (width - len(x)) for x in new], (len(new), width))
-        upload.add("enc_rows", rows, (len(rows), 3))
-        if shape is not None:
+            at = self.graphs.inputs.encoder(batch, width)
+            upload.place("enc_tokens", at[0], [x + [pad] * (width - len(x)) for x in new], (batch, width), pad)
+            upload.place("enc_rows", at[1], rows, (batch, 3), [self.scratch, 0, 0])
             return todo, shape
+        upload.add("enc_tokens", [x + [pad] * (width - len(x)) for x in new], (len(new), width))
+        upload.add("enc_rows", rows, (len(rows), 3))
         # one entry per new position: (row, index in the chunk, slot, cache position)
         upload.add("enc_new", [[r, i, s.slot, s.n_encoded + i] for r, (s, x) in enumerate(zip(todo, new))
                                for i in range(len(x))], (sum(map(len, new)), 4))
@@ -476,34 +474,39 @@ class StreamingDecoder:
         """The batch's slots, and the slot rows the host changed since the device last saw them (new
         streams, words read, the source ended, tokens written on the host): only those are uploaded."""
         slots = [s.slot for s in states]
+        width = len(slots)
         if self.scratch is not None:  # pad to the batch bucket with the scratch slot (never advances)
             width = 1
             while width < len(slots):
                 width *= 2
-            slots += [self.scratch] * (width - len(slots))
-        upload.add("dec_slots", slots, (len(slots),))
-        # a captured step writes the changed rows itself, so that no eager operator runs between the graphs but
-        # the copies of its inputs; it takes one row per batch row (padding: the scratch slot's own values)
-        pad = len(slots) if self._graphed(states) else 0
-        fresh = [s for s in states if s.fresh]
-        if fresh:   # new streams: their slots' policy values (float64 bit patterns: the upload is int64)
-            rows = []
-            for s in fresh:   # (one policy class per model: the same names for every stream)
-                values = s.policy.slot_values()
-                rows.append([s.slot] + [_bits(values[n]) for n in self.slot_names])
-            rows += [self._scratch_fresh] * (pad - len(rows))
-            upload.add("fresh", rows, (len(rows), 1 + len(self.slot_names)))
-            for s in fresh:
+        # a captured step writes the changed rows itself, so that no eager operator runs between the graphs; its
+        # inputs go in place (Upload.place), one row per batch row each (padding: the scratch slot's own values)
+        graphed = self._graphed(states)
+        at = None
+        if graphed:
+            at = self.graphs.decoder_places(width)   # (a batch size not captured: the clear error, before any change)
+            upload.place("dec_slots", at[0], slots, (width,), self.scratch)
+        else:
+            upload.add("dec_slots", slots + [self.scratch] * (width - len(slots)), (width,))
+        fresh, changes, bos = [], [], self.cfg.bos_id
+        for s in states:   # (one pass: it runs for every row of every step)
+            if s.fresh:   # a new stream: its slot's policy values (float64 bit patterns: the upload is int64)
+                values = s.policy.slot_values()   # (one policy class per model: the same names for every stream)
+                fresh.append([s.slot] + [_bits(values[n]) for n in self.slot_names])
                 s.fresh = False
-        changed = [s for s in states if s.dirty]
-        if changed:
-            bos = self.cfg.bos_id
-            rows = [[s.slot, len(s.target_tokens), s.target_tokens[-1] if s.target_tokens else bos, s.available,
-                     int(s.source_finished)] for s in changed]
-            rows += [self._scratch_change] * (pad - len(rows))
-            upload.add("changes", rows, (len(rows), 5))
-            for s in changed:
+            if s.dirty:
+                target = s.target_tokens
+                changes.append([s.slot, len(target), target[-1] if target else bos,
+                                len(s.source_tokens) + s.source_finished, int(s.source_finished)])
                 s.dirty = False
+        if graphed:
+            upload.place("fresh", at[2], fresh, (width, 1 + len(self.slot_names)), self._scratch_fresh)
+            upload.place("changes", at[1], changes, (width, 5), self._scratch_change)
+        else:
+            if fresh:
+                upload.add("fresh", fresh, (len(fresh), 1 + len(self.slot_names)))
+            if changes:
+                upload.add("changes", changes, (len(changes), 5))
         if self.banning:
             # (row, token) pairs a WRITE may not choose: they would repeat or stutter the row's target
             bans = [[r, tok] for r, s in enumerate(states) for tok in self.bans(s)]
@@ -519,8 +522,8 @@ class StreamingDecoder:
         one (B, 3) tensor: READ or not, the source it needs, the token (rows past the batch: padding)."""
         slots = sent["dec_slots"]
         record = any(s.record is not None for s in states)   # (a diagnostic for plots: it runs eager)
-        if self.graphs is not None and not record:   # (= _graphed: _plan_decode padded the changed rows for it)
-            return self.graphs.run(slots, t_max, a_max, sent.get("changes"), sent.get("fresh")), None
+        if self.graphs is not None and not record:   # (= _graphed: _plan_decode placed its inputs)
+            return self.graphs.run(slots, t_max, a_max, sent["changes"], sent["fresh"]), None
         if "fresh" in sent:
             self.pool.rows.reset_rows(sent["fresh"], self.slot_names)
         if "changes" in sent:
@@ -529,12 +532,15 @@ class StreamingDecoder:
         decided, out = self._decode_core(slots, t_max, a_max, sent.get("bans"), lone, record)
         return decided, out if record else None
 
-    @staticmethod
-    def _read_back(pending: PendingStep) -> list[list[int]]:
+    def _read_back(self, pending: PendingStep) -> list[list[int]]:
         """The launched decoder trial's (B, 3) decisions on the host (on a GPU: once its kernels are done)."""
-        if pending.ready is not None:
-            pending.ready.synchronize()
-        return pending.decided.tolist()
+        if pending.ready is None:
+            return pending.decided.tolist()
+        pending.ready.synchronize()
+        decided = pending.decided.tolist()
+        self.readback.give(pending.readback)   # (read: the buffer may take the next step's decisions)
+        pending.readback = None
+        return decided
 
     def _results(self, states: list[StreamState], decided: list[list[int]], out: DecodeOutput | None
                  ) -> list[StepOutput]:
@@ -603,16 +609,12 @@ class StreamingDecoder:
             rows.context.index_copy_(0, slots, moved)
         return torch.stack([read.long(), need, tokens], 1), out
 
-    def _graph_step(self, slots: torch.Tensor, changes: torch.Tensor, fresh: torch.Tensor, padding: tuple,
-                    length: int) -> torch.Tensor:
+    def _graph_step(self, slots: torch.Tensor, changes: torch.Tensor, fresh: torch.Tensor, length: int) -> torch.Tensor:
         """What a decoder graph captures: the slot rows the host changed (`changes` (B, 5), `fresh` (B, 1 + names),
-        one row per batch row, padding rows the scratch slot's own values) written, both put back to `padding`
-        (so that a step with no such rows copies nothing in: the graph rewrites the scratch slot's values),
-        then the step at `length` cache positions; the (B, 3) decisions."""
+        one row per batch row, padding rows the scratch slot's own values) written, then the step at `length`
+        cache positions; the (B, 3) decisions."""
         self.pool.rows.reset_rows(fresh, self.slot_names)
         self.pool.rows.write_rows(changes)
-        changes.copy_(padding[0])
-        fresh.copy_(padding[1])
         return self._decode_core(slots, length, length)[0]
 
     def _graphed(self, states: list[StreamState]) -> bool:

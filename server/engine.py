@@ -492,7 +492,7 @@ class ModelEngine:
         If it fails, those streams are closed."""
         t0 = time.perf_counter()
         try:
-            job.pending = self.dec.launch([h.state for h in job.stepping], defer=self.overlap)
+            job.pending = self.dec.launch([h.state for h in job.stepping])
         except Exception as e:  # noqa: BLE001
             log.exception("model %s: batched step failed", self.name)
             for h in job.stepping:

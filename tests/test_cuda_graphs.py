@@ -103,14 +103,17 @@ def test_rows_changed_by_the_host_are_written_inside_the_graph(piece_tok, policy
     got = [(r.prediction, r.token_delays) for r in staggered(g, lines, streams=5, gap=3)]
     assert got == outputs(simulate(dec, lines, batch_size=1))
     assert g.graphs.replays == len(launched) > 0 and g.streams_in_cache == 0
-    # slots, changed rows and new streams' rows copied in (the decisions are read back later: collect) (before: every
-    # field of a new stream's row reset and each changed row written, one operator each, up to 17 a step)
-    assert max(launched) <= 6, launched
-    # every decoder graph holds the padding it puts its inputs back to (a CUDA graph reads it at its address on
-    # each replay: freed after capture, its memory could hold anything by then)
+    # nothing runs around the decoder's graph: its slots, changed rows and new streams' rows were uploaded into its
+    # own inputs (the decisions are read back later: collect). (Before: every field of a new stream's row reset and
+    # each changed row written, one operator each, up to 17 a step; then up to 6 copies into the graph's inputs)
+    assert max(launched) == 0, launched
+    assert g.graphs.copies == 0 and (g.graphs.encoder_replays > 0) == g.cfg.causal_encoder
+    # every graph reads its inputs from the one input buffer, where the step's upload lands
+    buffer = g.graphs.inputs.buffer
+    lo, hi = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()
     for key, (_, static, _) in g.graphs.entries.items():
-        if key[0] != "enc":
-            assert len(static) == 5 and torch.equal(static[3], torch.tensor([g._scratch_change] * key[0]))
+        assert len(static) == (2 if key[0] == "enc" else 3)
+        assert all(lo <= x.data_ptr() and x.data_ptr() + x.numel() * x.element_size() <= hi for x in static), key
     for name, t in rows.tensors().items():
         assert torch.equal(t[g.scratch], scratch_row[name]), name
 

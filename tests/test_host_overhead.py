@@ -127,7 +127,8 @@ def test_a_cuda_row_of_the_table_gives_the_device_idle_parts():
     assert "| 1.0 | 1.7 | 0.8 | 212 | 0.613 | 0.100 / 0.125 / 0.050 | yes | yes |" in host_overhead_row(timed, True)
     assert "| 0.8 | n/a | n/a | n/a | yes |" in host_overhead_row(cuda, True)
     cpu = host_overhead_row(row, False)
-    assert cpu.count("|") == 14 and "0.282" in cpu   # (host ms: wall less kernel)
+    assert cpu.count("|") == 15 and "| 0.282 | n/a | 1.62x |" in cpu   # (host ms: wall less kernel; not a graph form)
+    assert "| 0.282 | 0.127 | 1.62x |" in host_overhead_row({**row, "outside_graphs_ms_per_step": 0.1274}, False)
 
 
 def test_timed_and_profiled_steps_compute_what_the_plain_decoder_does(word_tok):
@@ -167,6 +168,21 @@ def test_host_overhead_rows(word_tok):
     assert rows[0]["steps"] > rows[1]["steps"]   # batching 3 streams per step needs fewer steps
 
 
+def test_a_graph_form_row_gives_the_time_outside_its_graphs(word_tok):
+    """Off CUDA the graph forms replay their bodies eagerly; the row's `outside graphs` time is the wall less those
+    bodies: more than nothing (the step plans, uploads, applies results), less than the wall (the bodies are
+    most of it). A form without graphs has no such figure."""
+    dec = random_decoder(word_tok, "waitk", seed=4)
+    sentences = [s for s, _ in make_pairs(6, seed=5)]
+    rows = bench_host_overhead(dec.model, word_tok, sentences, batch_sizes=(1, 4), sentences=4, rounds=1,
+                               paths=("graphs-encoder", "sync-free"))
+    graphs = [r for r in rows if r["path"] == "graphs-encoder"]
+    assert len(graphs) == 2 and all(r["identical"] and r["same_as_first"] for r in rows)
+    for r in graphs:
+        assert 0 < r["outside_graphs_ms_per_step"] < r["step_wall_ms"]
+    assert all("outside_graphs_ms_per_step" not in r for r in rows if r["path"] == "sync-free")
+
+
 # ---------------------------------------------------------------- the real command line
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory, word_tok):
@@ -193,7 +209,8 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     assert "no_stutter 3, no_repeat_ngram 0" in r.stdout   # the decoding rules the figures were taken with
     lines = r.stdout.splitlines()
     head = lines.index("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | "
-                       "wall/kernel | operators/step | uploads/step | reads/step | identical | same as first |")
+                       "outside graphs ms/step | wall/kernel | operators/step | uploads/step | reads/step | "
+                       "identical | same as first |")
     assert lines.index("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |") \
         < head
     body = lines[head + 2:head + 8]
@@ -213,7 +230,8 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     assert all(h["uploads_per_step"] <= 1.0 for h in rows)
     # every step dispatches operators (tens of them per layer); the column shows them per form
     assert all(h["operators_per_step"] > 10 for h in rows)
-    assert [float(row.split("|")[9]) for row in body] == [round(h["operators_per_step"]) for h in rows]
+    assert [float(row.split("|")[10]) for row in body] == [round(h["operators_per_step"]) for h in rows]
+    assert all(row.split("|")[8].strip() == "n/a" for row in body)   # (no graph form ran)
     assert all(0 < h["encoding_share"] <= 1 for h in rows)
     assert [row.split("|")[4].strip() for row in body] == [f"{100 * h['encoding_share']:.0f}%" for h in rows]
     bad = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src), "--paths", "jit")

@@ -41,7 +41,7 @@ def run_two_groups(dec, sentences: list[str], interleave: bool) -> list[tuple]:
             break
         live = [[s for s in g if not s.done] for g in groups]
         if interleave:
-            a, b = dec.launch(live[0], defer=True), dec.launch(live[1], defer=True)
+            a, b = dec.launch(live[0]), dec.launch(live[1])
             assert all(s.in_flight for s, o in zip(live[0], a.out) if o is None)   # the decoder decides those
             outs = [dec.collect(b), dec.collect(a)] if n % 2 else [dec.collect(a), dec.collect(b)]
             assert all(o is not None for out in outs for o in out) and not any(s.in_flight for s in streams)

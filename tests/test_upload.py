@@ -41,3 +41,46 @@ def test_nothing_added_sends_nothing_and_a_wrong_shape_is_refused():
     assert up.send(torch.device("cpu"))["empty"].shape == (0, 2)
     with pytest.raises(ValueError, match="3 values for shape"):
         Upload().add("bad", [[1, 2, 3]], (2, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_placed_parts_land_padded_in_the_graph_inputs(device):
+    """Upload.place: a captured graph's inputs written at their fixed places of the graphs' one input buffer,
+    padded to the captured rows, sent with one copy (CUDA; the CPU's buffer is written in place) alongside the
+    ordinary parts; what comes back is the buffer's own view for each place (what a graph was captured with).
+    Steps sent back to back, none waited for, each keep their values (CUDA: a staging copy is not rewritten
+    while its copy is queued)."""
+    from models.graph_inputs import GraphInputs
+    dev = torch.device(device)
+    inputs = GraphInputs(dev, max_batch=8, fresh_columns=2, max_width=4)
+    rng = random.Random(5)
+    seen, want = [], []
+    for _ in range(60):
+        b, w = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4])
+        up = Upload(inputs)
+        slots = [rng.randint(0, 99) for _ in range(rng.randint(0, b))]
+        changes = [[rng.randint(-2**40, 2**40) for _ in range(5)] for _ in range(rng.randint(0, b))]
+        tokens = [[rng.randint(0, 50) for _ in range(w)] for _ in range(rng.randint(1, b))]
+        at, enc = inputs.decoder(b), inputs.encoder(b, w)
+        up.place("dec_slots", at[0], slots, (b,), 7)
+        up.place("changes", at[1], changes, (b, 5), [7, 0, 1, 1, 1])
+        up.place("enc_tokens", enc[0], tokens, (b, w), 3)
+        up.add("other", [[1, 2], [3, 4]], (2, 2))
+        got = up.send(dev)
+        assert got["dec_slots"] is inputs.view(at[0], (b,)) and got["enc_tokens"] is inputs.view(enc[0], (b, w))
+        assert got["other"].device.type == device
+        seen.append({name: t.clone() for name, t in got.items()})   # (queued behind the copy on CUDA)
+        want.append({"dec_slots": torch.tensor(slots + [7] * (b - len(slots))),
+                     "changes": torch.tensor(changes + [[7, 0, 1, 1, 1]] * (b - len(changes)), dtype=torch.long
+                                             ).view(b, 5),
+                     "enc_tokens": torch.tensor(tokens + [[3] * w] * (b - len(tokens))),
+                     "other": torch.tensor([[1, 2], [3, 4]])})
+    for s, x in zip(seen, want):
+        assert list(s) == ["dec_slots", "changes", "enc_tokens", "other"]
+        for name in x:
+            assert torch.equal(s[name].cpu(), x[name]), name
+    assert inputs.copies == (60 if device == "cuda" else 0)
+    with pytest.raises(ValueError, match="3 rows for shape"):
+        Upload(inputs).place("too_many", 0, [1, 2, 3], (2,), 0)
+    with pytest.raises(ValueError, match="overrun"):
+        inputs.view(inputs.size - 2, (4,))

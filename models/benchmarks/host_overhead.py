@@ -237,13 +237,22 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
     rows = []
     for b in batch_sizes:
         drive(dec, chosen[:b], b)   # first-call costs out of the timings
-        wall, timed = [], None
+        wall, timed, outside = [], None, []
+        eager_graphs = dec.graphs is not None and not dec.graphs.cuda
         for _ in range(rounds):
             dec.step_seconds, dec.encoding_steps = [], 0
-            timed = outputs(drive(dec, chosen, b))
+            if eager_graphs:
+                dec.graphs.eager_seconds = 0.0
+            try:
+                timed = outputs(drive(dec, chosen, b))
+            finally:
+                inside = 0.0
+                if eager_graphs:
+                    inside, dec.graphs.eager_seconds = dec.graphs.eager_seconds, None
             if not dec.step_seconds:   # the clock sits on step(); a loop that bypasses it measures nothing
                 raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
             wall.append(statistics.mean(dec.step_seconds))
+            outside.append((sum(dec.step_seconds) - inside) / len(dec.step_seconds))
             steps = len(dec.step_seconds)
             encoding = dec.encoding_steps / steps
             if progress is not None:
@@ -278,6 +287,12 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
                "kernel_source": "cuda activities" if cuda else "cpu compute operators",
                "identical": timed[:len(profiled)] == prof["result"] and (steps == n or len(profiled) < len(chosen)),
                "profiled_sentences": len(profiled), "_outputs": timed}
+        # the step's time outside its graphs: on the CPU the wall less the graphs' eager bodies (the host work a GPU
+        # run pays too: planning, uploads, copies, results), on CUDA the wall less the graphs' device span
+        if eager_graphs:
+            row["outside_graphs_ms_per_step"] = statistics.median(outside) * 1000
+        elif span is not None:
+            row["outside_graphs_ms_per_step"] = row["step_wall_ms"] - span
         kernel = row["kernel_ms_per_step"]
         row["wall_over_kernel"] = row["step_wall_ms"] / kernel if kernel > 0 else None
         if cuda:
