@@ -216,3 +216,24 @@ def test_cuda_graph_replay_equals_eager_and_cpu(piece_tok, policy, form):
     # whole sentences at once: the wide captured widths (16-64 subwords) replayed against the CPU
     assert (outputs(simulate(g, SENTENCES, batch_size=4, whole_sentence=True))
             == outputs(simulate(cpu, SENTENCES, batch_size=4, whole_sentence=True)))
+
+
+@cuda
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cuda_graph_replay_equals_cpu_out_of_phase_and_overlapped(piece_tok, policy):
+    """On a GPU, steps whose inputs are uploaded while an earlier step is still queued: streams out of phase (new
+    and changed rows nearly every step, the padding placed around them) and two launches in flight at once (the
+    server's overlap: a staging copy or a read-back buffer reused too early would mix the two steps' values).
+    Both write what the CPU writes; each graphed step sent its inputs with one copy and no replay copied any."""
+    from models.benchmarks.staggered import staggered
+    from tests.test_overlap import run_two_groups
+    cpu = random_decoder(piece_tok, policy, seed=5)
+    lines = SENTENCES * 2
+    want = outputs(simulate(cpu, lines, batch_size=1))
+    g = StreamingDecoder(cpu.model.to("cuda"), piece_tok, form="graphs-encoder")
+    g.capture_graphs(16, 8)
+    assert outputs(staggered(g, lines, streams=5, gap=3)) == want
+    assert g.graphs.copies == 0 and g.graphs.inputs.copies == g.graphs.replays > 0
+    plain = random_decoder(piece_tok, policy, seed=5)
+    assert run_two_groups(g, SENTENCES, interleave=True) == run_two_groups(plain, SENTENCES, interleave=False)
+    assert g.graphs.copies == 0 and len(g.readback._free) <= 3
