@@ -50,6 +50,7 @@ class PendingStep:
     states: list[StreamState]
     out: list[StepOutput | None]
     batch: list[int] = field(default_factory=list)
+    rows: list[StreamState] = field(default_factory=list)   # states[i] for i in batch
     decided: torch.Tensor | None = None       # (len(batch), 3): on the CPU, or (CUDA) its pinned copy (`ready`)
     ready: torch.cuda.Event | None = None     # recorded after the copy to the host (CUDA)
     readback: tuple | None = None             # the pinned buffer `decided` views, handed back once collected
@@ -251,7 +252,7 @@ class StreamingDecoder:
             if s.in_flight:
                 raise StreamError("stream is in a step that was launched and not yet collected")
         out: list[StepOutput | None] = [None] * len(states)
-        compute = []
+        batch, beams = [], []   # indices of the rows the decoder decides, in one batch or by beam search
         # READ decisions that need no model compute: GMA's needs the decoder once; a blocked trial records how much
         # source it needs (`s.need`: the first blocking layer's window, which more source cannot change), so until
         # that much has arrived the answer is READ again without recomputing it; then the policy's own rule. (This
@@ -273,20 +274,22 @@ class StreamingDecoder:
                     out[i] = self._read(s, s.policy.need(s))
                 elif len(s.target_tokens) >= (min(cap, MAX_LEN_A * available + MAX_LEN_B) if finished else cap):
                     out[i] = self._write(s, eos)
+                elif s.policy.beam > 1:
+                    beams.append(i)
                 else:
-                    compute.append(i)
+                    batch.append(i)
         pending = PendingStep(states, out)
-        if not compute:
+        if not batch and not beams:
             return pending
-        beams = [i for i in compute if states[i].policy.beam > 1]
-        batch = [i for i in compute if i not in beams]
+        rows = [states[i] for i in batch]
         # encode only what a decoder step is about to use: words read while the policy waits
         # are encoded together, as one chunk. Everything the step needs from the host goes
         # to the device in one copy (the encoder's new subwords and the decoder's rows)
         upload = Upload(self.graphs.inputs if self.graphs is not None else None)
-        todo, enc_shape = self._plan_encode([states[i] for i in compute], upload)
+        todo, enc_shape = self._plan_encode(rows + [states[i] for i in beams] if beams else rows, upload)
+        record = any(s.record is not None for s in rows)   # (a diagnostic for plots: its trial runs eagerly)
         if batch:
-            lengths = self._plan_decode([states[i] for i in batch], upload)
+            lengths = self._plan_decode(rows, upload, record)
         sent = upload.send(self.device)
         if todo:
             self._encode(todo, sent, enc_shape)
@@ -295,15 +298,15 @@ class StreamingDecoder:
             s.queue = beam_search(self, s, s.policy.beam, self._max_target_len(s))
             out[i] = self._write(s, s.queue.pop(0))
         if batch:
-            decided, pending.record = self._launch_decode([states[i] for i in batch], sent, *lengths)
+            decided, pending.record = self._launch_decode(rows, sent, *lengths, record)
             decided = decided[: len(batch)]
             if self.device.type == "cuda":   # (into a reused pinned buffer: the copy runs behind the queued kernels)
                 pending.decided, pending.ready, pending.readback = self.readback.start(decided)
             else:
                 pending.decided = decided
-            pending.batch = batch
-            for i in batch:
-                states[i].in_flight = True
+            pending.batch, pending.rows = batch, rows
+            for s in rows:
+                s.in_flight = True
         return pending
 
     @torch.inference_mode()
@@ -311,14 +314,13 @@ class StreamingDecoder:
         """The second half of `step`: the decoder's decisions read back (the one copy back; on a GPU the wait for
         the kernels) and applied to their streams; what each stream of the launched step did."""
         if pending.batch:
-            states = [pending.states[i] for i in pending.batch]
+            rows = pending.rows
             try:
                 decided = self._read_back(pending)
             finally:
-                for s in states:
+                for s in rows:
                     s.in_flight = False
-            for i, o in zip(pending.batch, self._results(states, decided, pending.record)):
-                pending.out[i] = o
+            self._results(rows, decided, pending.record, pending.batch, pending.out)
         return pending.out
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -470,7 +472,7 @@ class StreamingDecoder:
             return []
         return filter_bans(self.banning, state.target_tokens, self.stutter_context(state))
 
-    def _plan_decode(self, states: list[StreamState], upload: Upload) -> tuple[int, int]:
+    def _plan_decode(self, states: list[StreamState], upload: Upload, record: bool) -> tuple[int, int]:
         """The batch's slots, and the slot rows the host changed since the device last saw them (new
         streams, words read, the source ended, tokens written on the host): only those are uploaded."""
         slots = [s.slot for s in states]
@@ -481,7 +483,7 @@ class StreamingDecoder:
                 width *= 2
         # a captured step writes the changed rows itself, so that no eager operator runs between the graphs; its
         # inputs go in place (Upload.place), one row per batch row each (padding: the scratch slot's own values)
-        graphed = self._graphed(states)
+        graphed = self.graphs is not None and not record   # (a recorded stream, a diagnostic, runs eagerly)
         at = None
         if graphed:
             at = self.graphs.decoder_places(width)   # (a batch size not captured: the clear error, before any change)
@@ -516,13 +518,12 @@ class StreamingDecoder:
                 self.bucket(max(s.available for s in states)))
 
     def _launch_decode(self, states: list[StreamState], sent: dict[str, torch.Tensor], t_max: int,
-                       a_max: int) -> tuple[torch.Tensor, DecodeOutput | None]:
+                       a_max: int, record: bool) -> tuple[torch.Tensor, DecodeOutput | None]:
         """One batched decoder trial, queued on the device. The per-stream numbers the model alone uses (k, δ,
         GMA's sums, a variant's context) stay in the pool's slot rows; what the host reads back (`collect`) is
         one (B, 3) tensor: READ or not, the source it needs, the token (rows past the batch: padding)."""
         slots = sent["dec_slots"]
-        record = any(s.record is not None for s in states)   # (a diagnostic for plots: it runs eager)
-        if self.graphs is not None and not record:   # (= _graphed: _plan_decode placed its inputs)
+        if self.graphs is not None and not record:   # (else _plan_decode placed its inputs)
             return self.graphs.run(slots, t_max, a_max, sent["changes"], sent["fresh"]), None
         if "fresh" in sent:
             self.pool.rows.reset_rows(sent["fresh"], self.slot_names)
@@ -542,23 +543,20 @@ class StreamingDecoder:
         pending.readback = None
         return decided
 
-    def _results(self, states: list[StreamState], decided: list[list[int]], out: DecodeOutput | None
-                 ) -> list[StepOutput]:
+    def _results(self, states: list[StreamState], decided: list[list[int]], out: DecodeOutput | None,
+                 index: list[int], outputs: list) -> None:
         """Each stream's decoder decision applied on the host: words read, or a token written (the device has
-        moved its row on already)."""
-        outs = []
-        for s, (was_read, n, token) in zip(states, decided):
+        moved its row on already); what states[r] did goes to outputs[index[r]]."""
+        for r, (s, (was_read, n, token)) in enumerate(zip(states, decided)):
             if was_read:
                 s.need = n
-                outs.append(self._read(s, n))
+                outputs[index[r]] = self._read(s, n)
                 continue
             if s.record is not None:
-                r = len(outs)
                 s.record.append({"n": out.n[r].tolist(),
                                  "p": out.p[r].tolist() if out.p is not None else None,
                                  "attention": [a[r].mean(0)[: s.available].tolist() for a in out.attention]})
-            outs.append(self._write(s, token, on_device=True))
-        return outs
+            outputs[index[r]] = self._write(s, token, on_device=True)
 
     def _decode_core(self, slots: torch.Tensor, t_max: int, a_max: int, bans: torch.Tensor | None = None,
                      lone: int | None = None, record: bool = False):
@@ -616,10 +614,6 @@ class StreamingDecoder:
         self.pool.rows.reset_rows(fresh, self.slot_names)
         self.pool.rows.write_rows(changes)
         return self._decode_core(slots, length, length)[0]
-
-    def _graphed(self, states: list[StreamState]) -> bool:
-        """Whether this decoder trial replays a captured graph (a recorded stream, a diagnostic, runs eagerly)."""
-        return self.graphs is not None and all(s.record is None for s in states)
 
     def _room(self, lone: int | None, length: int, new: int) -> bool:
         """Whether a gather of `length` positions leaves room for the `new` keys the model makes next (written

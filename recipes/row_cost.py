@@ -88,7 +88,7 @@ def main() -> None:
             if mb:
                 sweep.mul_(1.0)   # reads and writes every byte of it
             t0 = time.perf_counter()
-            dec._results(batch, decided, None)
+            dec._results(batch, decided, None, range(len(batch)), [None] * len(batch))
             per_row.append((time.perf_counter() - t0) / len(batch))
             reads += sum(d[0] for d in decided)
             for i in picked:   # a stream whose sentence is done (or long enough) gives way to a new one

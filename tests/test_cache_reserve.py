@@ -61,18 +61,23 @@ def test_reserve_is_a_cpu_and_growing_pool_thing(word_tok):
 
 
 def test_is_free_agrees_with_the_free_heap_through_random_use(word_tok):
-    """CachePool.is_free (a walk of the heap that stops above the slot) against `in` on the heap, while streams
-    start and end at random; releasing a free slot or one outside the pool stays an error."""
+    """CachePool.is_free (a flag per slot, kept beside the heap) against `in` on the heap, while streams start and
+    end at random and the pool grows and shrinks; releasing a free slot or one outside the pool stays an error."""
     import random
     pool = CachePool(random_decoder(word_tok, "gma", seed=1).cfg, capacity=8)
-    rng, held = random.Random(2), []
-    for _ in range(3000):
-        if held and (rng.random() < 0.45 or len(held) > 200):
+    rng, held, shrunk = random.Random(2), [], 0
+    for n in range(3000):
+        release = (0.3, 0.8, 0.45)[n // 1000]   # (the streams come, mostly go, then come and go)
+        if held and (rng.random() < release or len(held) > 200):
             pool.release(held.pop(rng.randrange(len(held))))
         else:
             held.append(pool.allocate())
+        if rng.random() < 0.02:
+            shrunk += pool.shrink() > 0
+        assert len(pool.used) == pool.capacity
         for slot in range(pool.capacity):
             assert pool.is_free(slot) == (slot in pool.free)
+    assert shrunk > 0   # (the walk did cut the pool down, not only grow it)
     for slot in held:
         pool.release(slot)
     assert all(pool.is_free(slot) for slot in range(pool.capacity))
