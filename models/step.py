@@ -101,6 +101,10 @@ class StreamingDecoder:
         if self.compiled:
             # (with graphs of our own, inductor only fuses: its own CUDA graphs record lazily, on live traffic)
             mode = "reduce-overhead" if self.device.type == "cuda" and not self.form.graphs else "default"
+            # the model's float attributes (attention scales, layer-norm eps, GMA's P_MIN) are constants of its
+            # config: traced as such, not as inputs that dynamo makes into tensors from Python values on every call
+            # (4-5 uploads a step: host work, and inside a CUDA capture a copy the capture may refuse)
+            torch._dynamo.config.specialize_float = True
             self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
         # the output projection (the embedding, tied) packed or int8 like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
