@@ -17,8 +17,8 @@ import torch
 from models.beam import beam_search
 from models.cache_pool import CachePool
 from models.decode_io import DecodeInput, DecodeOutput
-from models.graph_inputs import Readback
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
+from models.graph_inputs import Readback
 from models.int8_linear import Int8Linear
 from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
 from models.policies import Policy, make_policy
