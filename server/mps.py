@@ -10,6 +10,10 @@ programs on the machine do not see it: they look for the default folder.
 
 A daemon already running is used as it is: one named by CUDA_MPS_PIPE_DIRECTORY in serve's environment, or
 one in the default folder (/tmp/nvidia-mps), the way an operator starts one for the whole GPU.
+
+A serve that was killed outright (SIGKILL, a crash of the interpreter) cannot stop its daemon. Each daemon's folder
+names the serve that owns it (`owner`: its pid), and the next serve that starts one of its own first asks the
+daemons of owners that are gone to quit and removes their folders (`reap_stale`).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPES = "/tmp/nvidia-mps"
 START_TIMEOUT_S = 10.0
+PREFIX = "simulserve-mps-"
 
 
 class MpsError(RuntimeError):
@@ -80,13 +85,16 @@ def plan(mode: str, device_type: str, engines: int, gpus: int, environ: dict | N
 class MpsDaemon:
     """A control daemon with its pipes and logs in a private folder; `environ()` points a process at it."""
 
-    def __init__(self, control: str = CONTROL):
+    def __init__(self, control: str = CONTROL, parent: str | None = None):
         self.control = control
-        self.folder = tempfile.mkdtemp(prefix="simulserve-mps-")   # 0700: only this user's processes reach it
+        # 0700: only this user's processes reach it; parent: where the folder goes (default: the temporary folder)
+        self.folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
         self.pipes = os.path.join(self.folder, "pipe")
         self.logs = os.path.join(self.folder, "log")
         os.mkdir(self.pipes)
         os.mkdir(self.logs)
+        with open(os.path.join(self.folder, "owner"), "w") as f:   # (a later serve reaps it if this one dies)
+            f.write(f"{os.getpid()}\n")
         self.started = False
 
     def environ(self) -> dict[str, str]:
@@ -120,3 +128,45 @@ class MpsDaemon:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # (someone else's process: alive)
+        return True
+    return True
+
+
+def reap_stale(control: str = CONTROL, parent: str | None = None) -> list[tuple[str, int]]:
+    """Daemons of this user's serves that are gone (their `owner` pid no longer runs): each asked to quit, its
+    folder removed. A folder without an owner (a serve starting at this moment) is left alone. Returns the
+    (folder, owner pid) pairs reaped."""
+    parent = parent or tempfile.gettempdir()
+    reaped = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(PREFIX)]
+    except OSError:
+        return reaped
+    for name in names:
+        folder = os.path.join(parent, name)
+        try:
+            if os.stat(folder).st_uid != os.getuid():
+                continue
+            with open(os.path.join(folder, "owner")) as f:
+                owner = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner):
+            continue
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": os.path.join(folder, "pipe"),
+               "CUDA_MPS_LOG_DIRECTORY": os.path.join(folder, "log")}
+        try:   # (a daemon that is gone already answers nothing: the folder goes all the same)
+            subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+        reaped.append((folder, owner))
+    return reaped

@@ -52,7 +52,9 @@ def serve_workers(settings: ServerSettings, mps=None) -> int:
     logging.basicConfig(level=settings.transport.log_level.upper(), format=FORMAT.format(role="main"))
     daemon = None
     if mps is not None and mps.start:
-        from server.mps import MpsDaemon, MpsError
+        from server.mps import MpsDaemon, MpsError, reap_stale
+        for folder, owner in reap_stale():
+            log.warning("stopped the MPS daemon of serve pid %d, which ended without stopping it (%s)", owner, folder)
         daemon = MpsDaemon()
         try:
             daemon.start()

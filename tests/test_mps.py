@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import ROOT
-from server.mps import MpsDaemon, MpsError, plan, running_daemon
+from server.mps import MpsDaemon, MpsError, plan, reap_stale, running_daemon
 from test_workers import WorkersServer
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -93,6 +93,32 @@ def test_a_daemon_that_does_not_start_is_a_clear_error_and_leaves_no_folder(tmp_
     assert not os.path.exists(daemon.folder)
     with pytest.raises(MpsError, match="did not start"):
         MpsDaemon(str(tmp_path / "absent")).start()
+
+
+def test_a_daemon_left_by_a_killed_serve_is_stopped_by_the_next(tmp_path):
+    """A serve that dies without stopping its daemon (here a real process that starts one and exits at once, as if
+    killed) leaves the daemon and its folder; the next serve asks that daemon to quit and removes the folder. A
+    folder whose owner still runs, and one without an owner yet (a serve starting now), stay."""
+    bin_dir, parent = tmp_path / "bin", tmp_path / "tmp"
+    bin_dir.mkdir()
+    parent.mkdir()
+    control = stand_in(bin_dir)
+    program = (f"import os; from server.mps import MpsDaemon; d = MpsDaemon({control!r}, {str(parent)!r}); "
+               "d.start(); print(d.folder, os.getpid(), flush=True); os._exit(0)")
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    dead_folder, dead_pid = done.stdout.split()
+    live = MpsDaemon(control, str(parent))
+    live.start()
+    starting = parent / "simulserve-mps-starting"
+    starting.mkdir()
+    assert os.path.isdir(dead_folder) and len(calls(bin_dir)) == 2   # (both started, neither asked to quit)
+    assert reap_stale(control, str(parent)) == [(dead_folder, int(dead_pid))]
+    assert calls(bin_dir)[2] == f"args= pipes={dead_folder}/pipe logs={dead_folder}/log input=quit"
+    assert not os.path.exists(dead_folder) and os.path.isdir(live.folder) and starting.is_dir()
+    assert reap_stale(control, str(parent)) == [] and len(calls(bin_dir)) == 3
+    live.stop()
 
 
 class MpsServer(WorkersServer):
