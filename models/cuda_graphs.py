@@ -160,22 +160,20 @@ class DecoderGraphs:
         at = self.inputs.encoder(batch, width)
         return self.inputs.view(at[0], (batch, width)), self.inputs.view(at[1], (batch, 3))
 
-    def _replay(self, entry: tuple, *inputs: torch.Tensor | None):
+    def _replay(self, entry: tuple, *inputs: torch.Tensor):
         """Replay the graph on its inputs: the step placed them in the graph's own tensors (Upload.place); any
-        other tensor is copied in first (None: keep what is there)."""
+        other tensor is copied in first."""
         graph, static, out = entry
         for buffer, x in zip(static, inputs):
-            if x is not None and x is not buffer:
+            if x is not buffer:
                 buffer.copy_(x)
                 self.copies += 1
         if graph is None:   # (marked, so that an operator count can tell what a GPU would replay: REPLAYED)
-            if self.eager_seconds is None:
-                with torch.profiler.record_function(REPLAYED):
-                    return out(*static)
-            t0 = time.perf_counter()   # (the mark too: a GPU's replay has none)
+            t0 = time.perf_counter() if self.eager_seconds is not None else None   # (the mark too: a GPU has none)
             with torch.profiler.record_function(REPLAYED):
                 result = out(*static)
-            self.eager_seconds += time.perf_counter() - t0
+            if t0 is not None:
+                self.eager_seconds += time.perf_counter() - t0
             return result
         if self.spans is None:
             graph.replay()
@@ -194,8 +192,8 @@ class DecoderGraphs:
             torch.cuda.synchronize(self.dec.device)
         return sum(a.elapsed_time(b) for a, b in self.spans or ()) / 1000
 
-    def run(self, slots: torch.Tensor, t_max: int, a_max: int, changes: torch.Tensor | None = None,
-            fresh: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, slots: torch.Tensor, t_max: int, a_max: int, changes: torch.Tensor,
+            fresh: torch.Tensor) -> torch.Tensor:
         """The (B, 3) decisions of one step of the rows `slots` (padded to a captured batch size), after writing
         the slot rows the host changed (`changes`, `fresh`: one row per batch row, padded.
         StreamingDecoder._graph_step)."""

@@ -25,8 +25,7 @@ import torch
 
 class GraphInputs:
     def __init__(self, device: torch.device, max_batch: int, fresh_columns: int, max_width: int):
-        self.device = device
-        self.max_batch, self.fresh_columns, self.max_width = max_batch, fresh_columns, max_width
+        self.fresh_columns = fresh_columns
         self.encoder_at = max_batch * (1 + 5 + fresh_columns)
         self.size = self.encoder_at + max_batch * (max_width + 3)
         self.buffer = torch.zeros(self.size, dtype=torch.long, device=device)
@@ -87,8 +86,8 @@ class Readback:
     def __init__(self):
         self._free: list[tuple[torch.Tensor, torch.cuda.Event]] = []
 
-    def start(self, decided: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event, tuple]:
-        """decided's copy to the host queued; (its host view, the event to wait for, the buffer to `give` back)."""
+    def start(self, decided: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """decided's copy to the host queued; its host view, and the (buffer, event) to wait for and `give` back."""
         rows = decided.shape[0]
         i = next((i for i, (t, _) in enumerate(self._free) if t.shape[0] >= rows), None)
         if i is None:
@@ -101,7 +100,7 @@ class Readback:
         host = item[0][:rows]
         host.copy_(decided, non_blocking=True)
         item[1].record()
-        return host, item[1], item
+        return host, item
 
     def give(self, item: tuple) -> None:
         self._free.append(item)

@@ -51,9 +51,8 @@ class PendingStep:
     out: list[StepOutput | None]
     batch: list[int] = field(default_factory=list)
     rows: list[StreamState] = field(default_factory=list)   # states[i] for i in batch
-    decided: torch.Tensor | None = None       # (len(batch), 3): on the CPU, or (CUDA) its pinned copy (`ready`)
-    ready: torch.cuda.Event | None = None     # recorded after the copy to the host (CUDA)
-    readback: tuple | None = None             # the pinned buffer `decided` views, handed back once collected
+    decided: torch.Tensor | None = None       # (len(batch), 3): on the CPU, or (CUDA) its pinned copy
+    readback: tuple | None = None             # CUDA: the pinned buffer `decided` views and its event (Readback)
     record: DecodeOutput | None = None        # the trial's DecodeOutput where a stream records (plots)
 
 
@@ -305,7 +304,7 @@ class StreamingDecoder:
             decided, pending.record = self._launch_decode(rows, sent, *lengths, record)
             decided = decided[: len(batch)]
             if self.device.type == "cuda":   # (into a reused pinned buffer: the copy runs behind the queued kernels)
-                pending.decided, pending.ready, pending.readback = self.readback.start(decided)
+                pending.decided, pending.readback = self.readback.start(decided)
             else:
                 pending.decided = decided
             pending.batch, pending.rows = batch, rows
@@ -539,9 +538,9 @@ class StreamingDecoder:
 
     def _read_back(self, pending: PendingStep) -> list[list[int]]:
         """The launched decoder trial's (B, 3) decisions on the host (on a GPU: once its kernels are done)."""
-        if pending.ready is None:
+        if pending.readback is None:
             return pending.decided.tolist()
-        pending.ready.synchronize()
+        pending.readback[1].synchronize()   # (its event: recorded behind the copy)
         decided = pending.decided.tolist()
         self.readback.give(pending.readback)   # (read: the buffer may take the next step's decisions)
         pending.readback = None

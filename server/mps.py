@@ -98,7 +98,7 @@ class MpsDaemon:
         self.started = False
 
     def environ(self) -> dict[str, str]:
-        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipes, "CUDA_MPS_LOG_DIRECTORY": self.logs}
+        return _environ(self.folder)
 
     def start(self) -> None:
         """Start the daemon (it forks and returns at once; the MPS server itself starts with the first client)."""
@@ -118,16 +118,27 @@ class MpsDaemon:
     def stop(self) -> None:
         """Ask the daemon to quit (it stops the MPS server once its clients are gone) and remove the folder."""
         if self.started:
-            try:
-                subprocess.run([self.control], input="quit\n", env={**os.environ, **self.environ()},
-                               capture_output=True, text=True, timeout=START_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+            _quit(self.control, self.folder)
             self.started = False
         self.remove()
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _environ(folder: str) -> dict[str, str]:
+    """What points a process at the daemon whose pipes and logs are in `folder`."""
+    return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(folder, "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": os.path.join(folder, "log")}
+
+
+def _quit(control: str, folder: str) -> None:
+    """Ask the daemon of `folder` to quit (one that is gone already answers nothing)."""
+    try:
+        subprocess.run([control], input="quit\n", env={**os.environ, **_environ(folder)}, capture_output=True,
+                       text=True, timeout=START_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
 
 
 def _alive(pid: int) -> bool:
@@ -161,12 +172,7 @@ def reap_stale(control: str = CONTROL, parent: str | None = None) -> list[tuple[
             continue
         if _alive(owner):
             continue
-        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": os.path.join(folder, "pipe"),
-               "CUDA_MPS_LOG_DIRECTORY": os.path.join(folder, "log")}
-        try:   # (a daemon that is gone already answers nothing: the folder goes all the same)
-            subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        _quit(control, folder)
         shutil.rmtree(folder, ignore_errors=True)
         reaped.append((folder, owner))
     return reaped
