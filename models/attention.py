@@ -89,18 +89,20 @@ class MultiHeadAttention(nn.Module):
         fresh: (k2, v2, allowed2) keys computed in this very call (incremental paths), attended
         after the cached k/v; the weights are then (B,H,T,S+S2). Where k/v are a gathered copy with
         S2 positions of room at the end (S + S2 keys for S allowed: DecodeInput.self_room), the new
-        keys are written there instead of concatenated, which would copy the cache a second time.
+        keys are written there instead of concatenated, which would copy the cache a second time;
+        allowed2 None: `allowed` covers the room already (B,T,S+S2), made once for every layer.
         Without need_weights one fused kernel (scaled_dot_product_attention) does the work: a
         streaming step runs hundreds of attention calls, and per-op overhead is most of their cost.
         Rows with nothing allowed (padding) give zeros."""
         if fresh is not None:
             k2, v2, allowed2 = fresh
-            if k.shape[2] == allowed.shape[-1] + k2.shape[2]:   # room left by the gather
+            if allowed2 is None or k.shape[2] == allowed.shape[-1] + k2.shape[2]:   # room left by the gather
                 k[:, :, -k2.shape[2]:].copy_(k2)
                 v[:, :, -v2.shape[2]:].copy_(v2)
             else:
                 k, v = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
-            allowed = torch.cat([allowed, allowed2], -1)
+            if allowed2 is not None:
+                allowed = torch.cat([allowed, allowed2], -1)
         if prior is not None:
             mask = torch.where(allowed, prior, NEG_INF).unsqueeze(1)
         else:
@@ -139,9 +141,10 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(ctx), weights, ctx
 
 
-def visible_mask(n_visible: torch.Tensor, src_len: int) -> torch.Tensor:
-    """n_visible (B, T) int -> allowed (B, T, S) with j < n."""
-    j = torch.arange(src_len, device=n_visible.device)
+def visible_mask(n_visible: torch.Tensor, src_len: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """n_visible (B, T) int -> allowed (B, T, S) with j < n. positions: arange(src_len) where the caller made it
+    once for every layer (a step's decoder layers share it: one kernel, not one a layer)."""
+    j = torch.arange(src_len, device=n_visible.device) if positions is None else positions
     return j.view(1, 1, -1) < n_visible.unsqueeze(-1)
 
 

@@ -228,6 +228,7 @@ class CachePool:
                         self.gather(prefix + "_v", slots, length, lone)))
 
     def write_layers(self, name: str, slots: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> None:
-        """values (M, L, H, dk) go to (layer, slots[m], :, positions[m]) for the first L layers (a step that
-        stopped early computed only those), in one write."""
-        self.tensors[name][: values.shape[1], slots, :, positions] = values.to(self.dtype)
+        """values (M..., L, H, dk) go to (layer, slots[m], :, positions[m]) for the first L layers (a step that
+        stopped early computed only those), in one write; slots and positions of shape (M...), one or more
+        dimensions."""
+        self.tensors[name][: values.shape[-3], slots, :, positions] = values.to(self.dtype)

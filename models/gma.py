@@ -42,12 +42,14 @@ def window_size(p: torch.Tensor, delta: torch.Tensor | float) -> torch.Tensor:
     return torch.ceil(p + delta).long()
 
 
-def log_prior(p: torch.Tensor, src_len: int) -> torch.Tensor:
+def log_prior(p: torch.Tensor, src_len: int, positions: torch.Tensor | None = None) -> torch.Tensor:
     """log G_ij = -(j - p_i)^2 / (2 σ_i^2), σ_i = p_i / 2; p (...,) -> (..., src_len), fp32.
 
     Multiplying the softmax weights by G and renormalising is the same as adding log G to
-    the logits before the softmax, which is how attention applies it (one fused kernel)."""
-    j = torch.arange(src_len, device=p.device, dtype=torch.float32)
+    the logits before the softmax, which is how attention applies it (one fused kernel).
+    positions: arange(src_len) where the caller made it once for every layer (any integer or fp32 dtype:
+    j - p is computed in fp32 either way, the same values)."""
+    j = torch.arange(src_len, device=p.device, dtype=torch.float32) if positions is None else positions
     p = p.float().unsqueeze(-1)
     z = (j - p) / (p / 2)
     return -0.5 * z * z

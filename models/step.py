@@ -425,7 +425,7 @@ class StreamingDecoder:
             enc, new_kv = self.net.encode_chunk(tokens, start, caches, room=room)
         else:  # bidirectional: the whole sentence at once, after it ended
             enc, new_kv = self.net.encode(tokens, n_new), None
-        self._store_encoded(enc, new_kv, wslots, pos, bi, ii)
+        self._store_encoded(enc, new_kv, wslots, pos, lambda values: values[bi, :, :, ii])
         for s in todo:
             s.n_encoded = s.available
 
@@ -436,32 +436,34 @@ class StreamingDecoder:
         slot, padding (past a row's new positions, or a row of the scratch slot) to the scratch slot, which no
         stream reads."""
         slots, start, n_new = rows.unbind(1)
-        b, w = tokens.shape
+        w = tokens.shape[1]
         room = self._room(None, length, w)
         enc, new_kv = self.net.encode_chunk(tokens, start, self.pool.gather_kv("enc", slots, max(length, 1) + room * w),
                                             room=room)
         i = torch.arange(w, device=tokens.device).view(1, -1)
-        wslots = torch.where(i < n_new.view(-1, 1), slots.view(-1, 1), self.scratch).reshape(-1)
-        pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1).reshape(-1)
-        every = torch.arange(b * w, device=tokens.device)
-        self._store_encoded(enc, new_kv, wslots, pos, every // w, every % w)
+        wslots = torch.where(i < n_new.view(-1, 1), slots.view(-1, 1), self.scratch)   # (B, W)
+        pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1)
+        # the whole block goes to (wslots, pos): a view of it, no gather of its entries (three kernels and a copy
+        # a kind fewer in the graph)
+        self._store_encoded(enc, new_kv, wslots, pos, lambda values: values.permute(0, 3, 1, 2, 4))
 
     def _store_encoded(self, enc: torch.Tensor, new_kv: list | None, slots: torch.Tensor, positions: torch.Tensor,
-                       bi: torch.Tensor, ii: torch.Tensor) -> None:
+                       pick) -> None:
         """Store what the encoder made of new source positions: its own keys and values (a causal encoder's
         `new_kv`, per layer (B, H, N, dk)), every decoder layer's cross keys and values of `enc` (B, N, d), and
-        calibration's mask keys. Entry m is row bi[m]'s position ii[m], which goes to slots[m] at positions[m].
-        Every layer in one write per kind (per layer it took ~30 more operators a step)."""
+        calibration's mask keys. pick(values (B, layers, H, N, dk)) gives the entries to store, (..., layers, H,
+        dk) with `slots` and `positions` of shape (...): where each goes. Every layer in one write per kind
+        (per layer it took ~30 more operators a step)."""
         def write(prefix: str, per_layer: list) -> None:
             for j, kind in enumerate(("_k", "_v")):
                 values = torch.stack([kv[j] for kv in per_layer], 1)      # (B, layers, H, N, dk)
-                self.pool.write_layers(prefix + kind, slots, positions, values[bi, :, :, ii])
+                self.pool.write_layers(prefix + kind, slots, positions, pick(values))
         if new_kv is not None:
             write("enc", new_kv)
         write("cross", self.net.cross_kv(enc))
         mks = self.net.mask_keys(enc)
         if mks:
-            self.pool.write_layers("cross_mk", slots, positions, torch.stack(mks, 1)[bi, :, :, ii])
+            self.pool.write_layers("cross_mk", slots, positions, pick(torch.stack(mks, 1)))
 
     def stutter_context(self, state: StreamState) -> StutterContext | None:
         """What the no-stutter rule sees of this stream besides its target: the source read so far."""
@@ -590,7 +592,7 @@ class StreamingDecoder:
                 tokens[keep] = self._choose(hidden[keep], keep, finished[keep], bans)
         # EOS before the source has ended is a READ (the reference agents' rule): a translation
         # ends with its sentence, not while the speaker is still talking
-        early = ~read & (tokens == cfg.eos_id) & ~finished
+        early = (tokens == cfg.eos_id) & ~(read | finished)
         need = torch.where(early, avail + 1, need)
         read = read | early
         wrote = ~read

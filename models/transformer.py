@@ -160,6 +160,16 @@ class DecoderLayer(nn.Module):
         return h, w, extras
 
 
+def _first_window(blocks: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The source a READ needs, from each layer's (blocking (B,) bool, window n (B,)): the window of the first
+    blocking layer, which is exact (the layers below it saw all they needed; those above it ran on a truncated
+    source and are discarded); 0 where no layer blocks. One select a layer, lowest last."""
+    need = None
+    for blocking, n in reversed(blocks):
+        need = torch.where(blocking, n, 0 if need is None else need)
+    return need
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -277,15 +287,17 @@ class Transformer(nn.Module):
         """
         b, n = tokens.shape
         dev = tokens.device
-        pos = start.view(-1, 1) + torch.arange(n, device=dev).view(1, -1)
+        i = torch.arange(n, device=dev)
+        pos = start.view(-1, 1) + i.view(1, -1)
         x = self.embed_tokens(tokens, pos.clamp_max(self.cfg.max_positions - 1))
         # every earlier key is visible to every new token; new tokens see each other causally
         earlier = caches[0][0].shape[2] - (n if room else 0)
         cached = (torch.arange(earlier, device=dev).view(1, 1, -1) < start.view(-1, 1, 1)).expand(b, n, -1)
         # (a padding position sees itself and the positions before it: no row is left with nothing to attend
         # to, and the caller stores no padding position where a stream reads it)
-        i = torch.arange(n, device=dev)
         fresh = (i.view(1, 1, -1) <= i.view(1, -1, 1)).expand(b, n, n)
+        if room:   # the keys go into the room (attend): one mask over cache and room for every layer
+            cached, fresh = torch.cat([cached, fresh], -1), None
         new_kv = []
         for layer, (kb, vb) in zip(self.encoder, caches):
             q, k, v = layer.self_attn.query_keys_values(x)
@@ -315,8 +327,12 @@ class Transformer(nn.Module):
         earlier = self_caches[0][0].shape[2] - int(inp.self_room)
         cached = torch.arange(earlier, device=t.device).view(1, 1, -1) < tt.unsqueeze(-1)
         own = torch.ones(b, 1, 1, dtype=torch.bool, device=t.device)
-        read = torch.zeros(b, dtype=torch.bool, device=tokens.device)
-        need = torch.zeros(b, dtype=torch.long, device=tokens.device)
+        if inp.self_room:   # the own key goes into the room (attend): one mask over cache and room for every layer
+            cached, own = torch.cat([cached, own], -1), None
+        read, blocks = None, []   # (READ once any layer's window needs more source than has arrived)
+        open_source = ~finished
+        # the cross caches' positions, for every layer's window and prior (the same length in every layer)
+        positions = torch.arange(cross_caches[0][0].shape[2], device=t.device)
         new_kv, ps, sums, attn, ns, ctxs = [], [], [], [], [], []
         for li, (layer, (kb, vb), (ck, cv)) in enumerate(zip(self.decoder, self_caches, cross_caches)):
             sq, sk, sv = layer.self_attn.query_keys_values(x)
@@ -326,16 +342,14 @@ class Transformer(nn.Module):
             run = None if running is None else running[:, li]
             n, p, total = self.cross_window(layer, q, tt, avail, k, delta, run)
             n = n[:, 0]
-            blocking = (n > avail) & ~finished
-            # the first blocking layer's window is exact (the layers below it saw all they
-            # needed); layers above it ran on a truncated source and are discarded
-            need = torch.where(read, need, torch.where(blocking, n, need))
-            read |= blocking
+            blocking = (n > avail) & open_source
+            blocks.append((blocking, n))
+            read = blocking if read is None else read | blocking
             n = torch.minimum(n, avail)
             if early_exit and bool(read.all()):  # every stream READs: the layers above would be wasted
-                return DecodeOutput(x[:, 0], new_kv, read, need)
-            prior = gma.log_prior(p, ck.shape[2]) if p is not None else None
-            x, w, extras = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2]), prior,
+                return DecodeOutput(x[:, 0], new_kv, read, _first_window(blocks))
+            prior = gma.log_prior(p, ck.shape[2], positions) if p is not None else None
+            x, w, extras = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2], positions), prior,
                                              need_weights, **self._variant_args(avail, mask_caches, li, contexts))
             if "context" in extras:
                 ctxs.append(extras["context"])
@@ -345,6 +359,6 @@ class Transformer(nn.Module):
             if p is not None:
                 ps.append(p[:, 0])
                 sums.append(total)
-        return DecodeOutput(x[:, 0], new_kv, read, need, n=torch.stack(ns, 1),
+        return DecodeOutput(x[:, 0], new_kv, read, _first_window(blocks), n=torch.stack(ns, 1),
                             p=torch.stack(ps, 1) if ps else None, running=torch.stack(sums, 1) if ps else None,
                             context=torch.stack(ctxs, 1) if ctxs else None, attention=attn)

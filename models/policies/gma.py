@@ -54,7 +54,7 @@ class Gma(Policy):
         """running (B,) the unclamped Σ Δp before this block (streaming), or None (a full sequence:
         the cumulative sum over T)."""
         step = layer.step_predictor(layer.cross_attn.merge(q))  # (B,T), fp32
-        step = torch.where(t == 0, torch.zeros_like(step), step)  # Δp_0 = 0
+        step = step.masked_fill(t == 0, 0.0)  # Δp_0 = 0
         total = torch.cumsum(step, dim=1) if running is None else running.view(-1, 1) + step
         p = gma.clamp_position(total, float(layer.max_positions))
         return gma.window_size(p, delta.view(-1, 1).float()), p, total[:, -1]
