@@ -29,3 +29,46 @@ def operators_outside(events, region: str | None, within: str | None = None) -> 
             count += 1
         end = max(end, stop)
     return count
+
+
+def computing_operators(code_root: str):
+    """A dispatch mode that counts the operators that compute, by name and by the line of the code under
+    `code_root` that called them: what a GPU runs as kernels, the views (outputs that share an input's memory,
+    not in place) left out. `counts` (name -> n), `lines` ((name, "file:line code") -> n), `views` (n). Used as
+    a context manager."""
+    import traceback
+    from collections import Counter
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    def memory(x) -> set:
+        out = set()
+        for t in tree_flatten(x)[0]:
+            if isinstance(t, torch.Tensor):
+                try:
+                    out.add(t.untyped_storage().data_ptr())
+                except (NotImplementedError, RuntimeError):   # (opaque tensors: packed weights)
+                    pass
+        return out
+
+    class Computing(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts, self.lines, self.views = Counter(), Counter(), 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if not name.endswith("_") and memory(out) & memory((args, kwargs)):
+                self.views += 1
+                return out
+            self.counts[name] += 1
+            ours = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(code_root)
+                    and "site-packages" not in f.filename]   # (a virtual environment inside the checkout)
+            where = f"{ours[-1].filename.rsplit('/', 1)[-1]}:{ours[-1].lineno} {ours[-1].line.strip()}" if ours else "?"
+            self.lines[(name, where)] += 1
+            return out
+
+    return Computing()

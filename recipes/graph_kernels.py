@@ -1,0 +1,88 @@
+"""What the captured graphs hold: the operators that compute (a GPU's kernels; views left out) in one call of the
+decoder step's graph body and of the encoder chunk step's, while sentences are translated word by word (the
+shipped gma_delta1, graphs-encoder). On the CPU the graph forms run those bodies eagerly, so the same operators
+are counted here that a GPU replays from its graphs; each is a kernel there, with a gap of ~0.3 µs after it
+(docs/benchmarks.md, the seventh measurement). Point --tree at another checkout to count in its code:
+
+    python recipes/graph_kernels.py [--batch 8] [--by-line] [--tree .]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8, help="sentences translated together (one batch, lockstep)")
+    ap.add_argument("--form", default="graphs-encoder", choices=["graphs", "graphs-encoder"])
+    ap.add_argument("--source", default=str(ROOT / "data/de-en-everyday/test.de"),
+                    help="sentences of 1-30 words, the first --batch of them")
+    ap.add_argument("--tree", default=str(ROOT), help="the checkout whose code runs (default: this one)")
+    ap.add_argument("--by-line", action="store_true", help="also each graph's operators by the line that called them")
+    ap.add_argument("--json", help="write the counts here too")
+    args = ap.parse_args()
+    if args.batch < 1:
+        ap.error("--batch must be 1 or more")
+    lines = [s.strip() for s in open(args.source, encoding="utf-8") if 0 < len(s.split()) <= 30][: args.batch]
+    if not lines:
+        ap.error(f"{args.source}: no line of 1-30 words")
+    # this checkout's counter, loaded on its own (the tree measured may be older and lack it)
+    spec = importlib.util.spec_from_file_location("operators", ROOT / "models/benchmarks/operators.py")
+    operators = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(operators)
+    tree = str(Path(args.tree).resolve())
+    sys.path.insert(0, tree)
+    import torch
+
+    from models.checkpoint import load_checkpoint
+    from models.step import StreamingDecoder
+    from models.translate import simulate
+
+    torch.set_num_threads(1)
+    model, tok, _ = load_checkpoint(ROOT / "models/checkpoints/gma_delta1")
+    dec = StreamingDecoder(model, tok, form=args.form)
+    dec.capture_graphs(args.batch, args.batch)
+    bodies = {"decoder": "_graph_step", "encoder": "_encode_core"}
+    calls: dict[str, list] = {name: [] for name in bodies}
+    for name, method in bodies.items():   # (the graphs call these through the decoder object: wrapped after capture)
+        def counted(*a, _body=getattr(dec, method), _name=name, **k):
+            with operators.computing_operators(tree + "/") as mode:
+                out = _body(*a, **k)
+            calls[_name].append(mode)
+            return out
+        setattr(dec, method, counted)
+    simulate(dec, lines, batch_size=args.batch)
+    print(f"tree {args.tree}, form {args.form}, {len(lines)} sentences in one batch, word by word")
+    print("| graph body | calls | operators that compute, per call: median | min | max | views per call |")
+    print("|---|---:|---:|---:|---:|---:|")
+    out = {}
+    for name, modes in calls.items():
+        if not modes:
+            print(f"| {name} | 0 | | | | |")
+            continue
+        n = [sum(m.counts.values()) for m in modes]
+        out[name] = {"calls": len(n), "median": statistics.median(n), "min": min(n), "max": max(n),
+                     "views": statistics.median(m.views for m in modes)}
+        print(f"| {name} | {len(n)} | {statistics.median(n):.0f} | {min(n)} | {max(n)} | {out[name]['views']:.0f} |")
+    if args.by_line:
+        for name, modes in calls.items():
+            if not modes:
+                continue
+            m = sorted(modes, key=lambda m: sum(m.counts.values()))[len(modes) // 2]   # (a median call)
+            out[name]["by_line"] = {f"{op} {where}": c for (op, where), c in m.lines.items()}
+            print(f"\n{name}, a median call, by line:")
+            for (op, where), c in sorted(m.lines.items(), key=lambda kv: kv[0][1]):
+                print(f"  {c:3d}  {op:30s} {where}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""What the captured graphs hold: the operators that compute in one call of the decoder's and the encoder's graph
+body (models/benchmarks/operators.py `computing_operators`, recipes/graph_kernels.py). On a GPU each is a kernel
+with a gap after it, so work that is the same in every layer is made once a step, not once a layer."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.benchmarks.operators import computing_operators
+from models.translate import simulate
+from tests.conftest import random_decoder
+from tests.test_cuda_graphs import SENTENCES, graphed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_views_are_not_counted_and_in_place_operators_are():
+    x = torch.arange(12.0)
+    with computing_operators(str(ROOT) + "/") as mode:
+        y = x.view(3, 4).t()[1]       # three views: no kernel
+        z = y + 1                     # computes
+        z.add_(1)                     # in place: computes, although its output is its input
+        z.clone().unsqueeze(0)        # a copy, then a view of it
+    assert dict(mode.counts) == {"add": 1, "add_": 1, "clone": 1}
+    assert mode.views == 4
+    # each counted operator is placed at the line of this file that called it
+    assert sum(mode.lines.values()) == 3
+    assert all(where.startswith("test_graph_kernels.py:") for _, where in mode.lines)
+
+
+def body_counts(dec, method: str) -> list:
+    """The computing operators of each call of the decoder's graph body `method` over SENTENCES, batch 4."""
+    modes, body = [], getattr(dec, method)
+
+    def counted(*a, **k):
+        with computing_operators(str(ROOT) + "/") as mode:
+            out = body(*a, **k)
+        modes.append(mode.counts)
+        return out
+    setattr(dec, method, counted)
+    simulate(dec, SENTENCES, batch_size=4)
+    assert modes, f"{method} never ran"
+    return modes
+
+
+@pytest.mark.parametrize("policy", ["gma", "waitk"])
+def test_layer_invariant_work_is_made_once_a_step(piece_tok, policy, one_torch_thread):
+    """The decoder's and the encoder's graph bodies, in models of 1, 2 and 3 layers a side: whatever every layer
+    shares (positions, masks, ~finished) does not grow with the layers, and each layer adds as many operators as
+    the one before."""
+    per_layers = {}
+    for layers in (1, 2, 3):
+        dec = graphed(random_decoder(piece_tok, policy, seed=3, encoder_layers=layers, decoder_layers=layers),
+                      form="graphs-encoder")
+        # (a call's fewest: the cache gathered with room for the new keys; at the longest cache length there is
+        # none, and the new keys are concatenated layer by layer instead)
+        per_layers[layers] = {body: min(body_counts(dec, method), key=lambda c: sum(c.values()))
+                              for body, method in (("decoder", "_graph_step"), ("encoder", "_encode_core"))}
+    for body in ("decoder", "encoder"):
+        one, two, three = (per_layers[n][body] for n in (1, 2, 3))
+        for op in ("arange", "cat", "bitwise_not", "ones", "zeros", "zeros_like", "floor_divide", "remainder"):
+            assert one[op] == two[op] == three[op], (body, op, one[op], three[op])
+        total = [sum(c.values()) for c in (one, two, three)]
+        assert total[2] - total[1] == total[1] - total[0] > 0, (body, total)
+    # the decoder: one window mask and (GMA) one prior per layer from one positions tensor; no per-layer zeros
+    dec3 = per_layers[3]["decoder"]
+    assert dec3["arange"] <= 2 and dec3["zeros_like"] == 0 and dec3["zeros"] == 0
+
+
+def test_graph_kernels_recipe_counts_both_graph_bodies(tmp_path):
+    src = tmp_path / "test.de"
+    src.write_text("Ich habe heute keine Zeit .\nWo ist der Bahnhof ?\n")
+    out = tmp_path / "kernels.json"
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/graph_kernels.py"), "--batch", "2", "--source", str(src),
+                        "--by-line", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    counts = json.loads(out.read_text())
+    assert set(counts) == {"decoder", "encoder"}, r.stdout
+    for name, c in counts.items():
+        assert c["calls"] > 0 and 0 < c["min"] <= c["median"] <= c["max"], (name, r.stdout)
+        # the median call's operators, line by line, add up to that call
+        assert c["min"] <= sum(c["by_line"].values()) <= c["max"], name
+        assert f"| {name} | {c['calls']} | {c['median']:.0f} | {c['min']} | {c['max']} |" in r.stdout
+    # the shipped model's decoder step: three layers of attention, projections and GMA windows
+    assert counts["decoder"]["median"] > counts["encoder"]["median"] > 20
