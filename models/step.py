@@ -382,12 +382,15 @@ class StreamingDecoder:
         """The streams with source positions to encode, and the captured (batch, width, cache length) their
         chunk step pads to (None: it runs eagerly); their subwords and cache positions are added to `upload`
         (host lists: no device work yet)."""
-        todo = [s for s in states if s.n_encoded < s.available and not s.done
-                and (self.cfg.causal_encoder or s.source_finished)]
+        causal = self.cfg.causal_encoder   # (every row of every step: s.available inlined)
+        todo = [s for s in states if s.n_encoded < len(s.source_tokens) + s.source_finished and not s.done
+                and (causal or s.source_finished)]
         if not todo:
             return todo, None
-        eos = self.cfg.eos_id
-        new = [(s.source_tokens + [eos] * s.source_finished)[s.n_encoded:s.available] for s in todo]
+        eos = [self.cfg.eos_id]
+        # the positions not yet encoded, up to s.available: the subwords past n_encoded, and EOS once the source ended
+        new = [s.source_tokens[s.n_encoded:] + eos if s.source_finished else s.source_tokens[s.n_encoded:]
+               for s in todo]
         width = max(map(len, new))
         rows = [[s.slot, s.n_encoded, len(x)] for s, x in zip(todo, new)]
         shape = (self.graphs.encoder_shape(len(todo), width, max(s.n_encoded for s in todo))
@@ -496,15 +499,20 @@ class StreamingDecoder:
         else:
             upload.add("dec_slots", slots + [self.scratch] * (width - len(slots)), (width,))
         fresh, changes, bos = [], [], self.cfg.bos_id
+        t_max, a_max = 1, 0   # the longest target and source of the batch
         for s in states:   # (one pass: it runs for every row of every step)
+            target, available = s.target_tokens, len(s.source_tokens) + s.source_finished   # (= s.available)
+            if len(target) > t_max:
+                t_max = len(target)
+            if available > a_max:
+                a_max = available
             if s.fresh:   # a new stream: its slot's policy values (float64 bit patterns: the upload is int64)
                 values = s.policy.slot_values()   # (one policy class per model: the same names for every stream)
                 fresh.append([s.slot] + [_bits(values[n]) for n in self.slot_names])
                 s.fresh = False
             if s.dirty:
-                target = s.target_tokens
-                changes.append([s.slot, len(target), target[-1] if target else bos,
-                                len(s.source_tokens) + s.source_finished, int(s.source_finished)])
+                changes.append([s.slot, len(target), target[-1] if target else bos, available,
+                                int(s.source_finished)])
                 s.dirty = False
         if graphed:
             upload.place("fresh", at[2], fresh, (width, 1 + len(self.slot_names)), self._scratch_fresh)
@@ -518,9 +526,8 @@ class StreamingDecoder:
             # (row, token) pairs a WRITE may not choose: they would repeat or stutter the row's target
             bans = [[r, tok] for r, s in enumerate(states) for tok in self.bans(s)]
             upload.add("bans", bans, (len(bans), 2))
-        # the cache lengths the decoder gathers: the longest target and source of the batch
-        return (self.bucket(max(max(len(s.target_tokens) for s in states), 1)),
-                self.bucket(max(s.available for s in states)))
+        # the cache lengths the decoder gathers
+        return self.bucket(t_max), self.bucket(a_max)
 
     def _launch_decode(self, states: list[StreamState], sent: dict[str, torch.Tensor], t_max: int,
                        a_max: int, record: bool) -> tuple[torch.Tensor, DecodeOutput | None]:
