@@ -40,16 +40,17 @@ class DecodeOutput:
     new_kv: KV                           # per layer (k, v) (B,H,1,dk) of this position
     read: torch.Tensor                   # (B,) bool: the step needs more source than has arrived
     need: torch.Tensor                   # (B,) source positions it needs at least (where read)
-    n: torch.Tensor | None = None        # (B,L) cross-attention window per layer; None: exited early
-    p: torch.Tensor | None = None        # GMA: (B,L) predicted aligned positions
+    n: torch.Tensor | None = None        # need_weights: (B,L) cross-attention window per layer
+    p: torch.Tensor | None = None        # GMA, need_weights: (B,L) predicted aligned positions
     running: torch.Tensor | None = None  # GMA: (B,L) the sums after this step
     context: torch.Tensor | None = None  # carried context after this step
     attention: list = field(default_factory=list)   # need_weights: per layer (B,H,S') cross-attention
+    exited: bool = False                 # every row READ below the top layer (host shortcut)
 
     @property
     def exited_early(self) -> bool:
         """Every row READ below the top layer and the layers above were skipped (host shortcut)."""
-        return self.n is None
+        return self.exited
 
 
 for _cls in (DecodeInput, DecodeOutput):

@@ -6,6 +6,7 @@ key/value caches). A step gathers its rows by slot and writes them back on the d
   so a stream that keeps writing costs the host nothing here;
 - `avail`, `finished`: the source the stream has read; the host writes a row only when it changed
   (a READ took words, the source ended) or was written on the host (beam search, the length cap);
+  these four are the columns of one (C, 4) tensor, `host`: one gather and one write a step, not four each;
 - the policy's fields (`k`, `delta`, GMA's `running` sums) and a variant's carried `context`, set when a stream
   starts (`Policy.slot_values`, written with every other new stream's by `reset_rows`) and never read on the host.
 Fields a model does not use are None.
@@ -18,26 +19,49 @@ import torch
 
 from models.policies import policy_class
 
-# the fields the host uploads for every stream it changed, a new one included (write_rows)
+# the fields the host uploads for every stream it changed, a new one included (write_rows): the columns of `host`
 HOST_WRITTEN = ("t", "prev", "avail", "finished")
 
 
 @dataclass
 class SlotState:
-    t: torch.Tensor                          # (C,) long
-    prev: torch.Tensor                       # (C,) long
-    avail: torch.Tensor                      # (C,) long: source positions read (EOS counted once finished)
-    finished: torch.Tensor                   # (C,) bool: the source has ended
+    # (C, 4) long, a row per slot: t, prev, avail, finished (0/1), the columns named below. One tensor, so that a
+    # step gathers them with one kernel and write_rows writes them with one (on a GPU each is a kernel and a gap)
+    host: torch.Tensor
     k: torch.Tensor | None = None            # (C,) long: wait-k's lag
     delta: torch.Tensor | None = None        # (C,) float32: GMA's δ
     running: torch.Tensor | None = None      # (C, L) float32: GMA's unclamped Σ Δp per layer
     context: torch.Tensor | None = None      # (C, L, d): SACT's c̃ / interleaved phrases' x of the last WRITE
 
+    @property
+    def t(self) -> torch.Tensor:
+        """(C,) the target position (a view of `host`)."""
+        return self.host[:, 0]
+
+    @property
+    def prev(self) -> torch.Tensor:
+        """(C,) the last written token."""
+        return self.host[:, 1]
+
+    @property
+    def avail(self) -> torch.Tensor:
+        """(C,) source positions read (EOS counted once finished)."""
+        return self.host[:, 2]
+
+    @property
+    def finished(self) -> torch.Tensor:
+        """(C,) 1 where the source has ended (long: `gather_host` gives it as bool)."""
+        return self.host[:, 3]
+
+    def gather_host(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """t, prev, avail (long) and finished (bool) of the rows `slots`: one gather and one conversion."""
+        rows = self.host.index_select(0, slots)
+        return rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3].bool()
+
     @staticmethod
     def spec(cfg, dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per field in use, (shape after the slot, dtype)."""
-        out = {"t": ((), torch.long), "prev": ((), torch.long), "avail": ((), torch.long),
-               "finished": ((), torch.bool)}
+        out = {"host": ((len(HOST_WRITTEN),), torch.long)}
         out.update(policy_class(cfg).slot_fields(cfg))
         if cfg.variant.carries_context:
             out["context"] = ((cfg.decoder_layers, cfg.d_model), dtype)
@@ -49,7 +73,8 @@ class SlotState:
                       for name, (shape, dt) in spec.items()})
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The fields in use, by name (from the instance dict: dataclasses.fields() cost 0.25 ms a call)."""
+        """The fields in use, by name (from the instance dict: dataclasses.fields() cost 0.25 ms a call); `host`
+        as one tensor."""
         return {name: t for name, t in vars(self).items() if t is not None}
 
     def resized(self, spec: dict, capacity: int) -> "SlotState":
@@ -78,13 +103,10 @@ class SlotState:
         for name, tensor in self.tensors().items():
             if name in names:
                 tensor.index_copy_(0, slots, values[:, names.index(name)].to(tensor.dtype))
-            elif name not in HOST_WRITTEN:
+            elif name != "host":
                 tensor.index_fill_(0, slots, 0)
 
     def write_rows(self, rows: torch.Tensor) -> None:
-        """rows (M, 5) on the device: slot, t, prev, avail, finished of the streams the host changed."""
-        slots, t, prev, avail, finished = rows.unbind(1)
-        self.t.index_copy_(0, slots, t)
-        self.prev.index_copy_(0, slots, prev)
-        self.avail.index_copy_(0, slots, avail)
-        self.finished.index_copy_(0, slots, finished.bool())
+        """rows (M, 5) on the device: slot, t, prev, avail, finished of the streams the host changed (one copy
+        into `host`)."""
+        self.host.index_copy_(0, rows[:, 0], rows[:, 1:])

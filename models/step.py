@@ -577,7 +577,7 @@ class StreamingDecoder:
         source needed, token) and the step's DecodeOutput. Sync-free unless the form keeps host shortcuts;
         with `lone` None and no bans it is what a CUDA graph captures (models/cuda_graphs.py)."""
         cfg, pool, rows = self.cfg, self.pool, self.pool.rows
-        t, prev, avail, finished = (x.index_select(0, slots) for x in (rows.t, rows.prev, rows.avail, rows.finished))
+        t, prev, avail, finished = rows.gather_host(slots)
         k, delta, running, contexts = (None if x is None else x.index_select(0, slots)
                                        for x in (rows.k, rows.delta, rows.running, rows.context))
         mask_caches = pool.gather("cross_mk", slots, a_max, lone) if pool.layers["cross_mk"] else None

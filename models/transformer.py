@@ -309,11 +309,11 @@ class Transformer(nn.Module):
         """One decoder position for a batch of streams (models/decode_io.py names every field).
 
         Returns the top hidden state (`logits()` turns it into scores), this position's self-attention
-        keys per layer, `read`/`need` (the step needs more source than has arrived, and how much), and the
-        windows `n`, GMA's `p` and `running`, a variant's new `context`, with need_weights the cross
+        keys per layer, `read`/`need` (the step needs more source than has arrived, and how much), GMA's
+        `running`, a variant's new `context`, and with need_weights the windows `n`, GMA's `p` and the cross
         attention per layer. Calibration reads `mask_caches`; SACT / interleaved phrases read `contexts`
         (zeros at t = 0); GMM (offline) takes the source length from `avail`.
-        early_exit: stop after the layer where every row READs (the output's `n` is then None); the test
+        early_exit: stop after the layer where every row READs (the output's `exited`); the test
         reads the device, so a GPU step passes False and runs every layer.
         """
         tokens, t, self_caches, cross_caches = inp.tokens, inp.t, inp.self_caches, inp.cross_caches
@@ -325,10 +325,13 @@ class Transformer(nn.Module):
         # earlier keys come from the cache, this position's own key is attended after them (written into the
         # cache copy's last position with self_room, concatenated otherwise: MultiHeadAttention.attend)
         earlier = self_caches[0][0].shape[2] - int(inp.self_room)
-        cached = torch.arange(earlier, device=t.device).view(1, 1, -1) < tt.unsqueeze(-1)
-        own = torch.ones(b, 1, 1, dtype=torch.bool, device=t.device)
-        if inp.self_room:   # the own key goes into the room (attend): one mask over cache and room for every layer
-            cached, own = torch.cat([cached, own], -1), None
+        if inp.self_room:   # the own key goes into the room (attend): one mask over cache and room for every layer,
+            j = torch.arange(earlier + 1, device=t.device)
+            j[-1] = -1      # the room's position visible to every row (-1 < t)
+            cached, own = j.view(1, 1, -1) < tt.unsqueeze(-1), None
+        else:
+            cached = torch.arange(earlier, device=t.device).view(1, 1, -1) < tt.unsqueeze(-1)
+            own = torch.ones(b, 1, 1, dtype=torch.bool, device=t.device)
         read, blocks = None, []   # (READ once any layer's window needs more source than has arrived)
         open_source = ~finished
         # the cross caches' positions, for every layer's window and prior (the same length in every layer)
@@ -347,7 +350,7 @@ class Transformer(nn.Module):
             read = blocking if read is None else read | blocking
             n = torch.minimum(n, avail)
             if early_exit and bool(read.all()):  # every stream READs: the layers above would be wasted
-                return DecodeOutput(x[:, 0], new_kv, read, _first_window(blocks))
+                return DecodeOutput(x[:, 0], new_kv, read, _first_window(blocks), exited=True)
             prior = gma.log_prior(p, ck.shape[2], positions) if p is not None else None
             x, w, extras = layer.cross_block(x, q, ck, cv, visible_mask(n.view(-1, 1), ck.shape[2], positions), prior,
                                              need_weights, **self._variant_args(avail, mask_caches, li, contexts))
@@ -355,10 +358,14 @@ class Transformer(nn.Module):
                 ctxs.append(extras["context"])
             if need_weights:
                 attn.append(w[:, :, 0])
-            ns.append(n)
+            if need_weights:
+                ns.append(n)
             if p is not None:
                 ps.append(p[:, 0])
                 sums.append(total)
-        return DecodeOutput(x[:, 0], new_kv, read, _first_window(blocks), n=torch.stack(ns, 1),
-                            p=torch.stack(ps, 1) if ps else None, running=torch.stack(sums, 1) if ps else None,
+        # (the windows and positions only where they are looked at: inside a graph a stack nobody reads is a kernel)
+        return DecodeOutput(x[:, 0], new_kv, read, _first_window(blocks),
+                            n=torch.stack(ns, 1) if need_weights else None,
+                            p=torch.stack(ps, 1) if ps and need_weights else None,
+                            running=torch.stack(sums, 1) if sums else None,
                             context=torch.stack(ctxs, 1) if ctxs else None, attention=attn)

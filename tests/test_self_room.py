@@ -36,9 +36,13 @@ def step_inputs(dec, b: int, t: int, s: int) -> tuple[DecodeInput, DecodeInput]:
 def same_output(a, r) -> bool:
     pairs = [(a.hidden, r.hidden), (a.read, r.read), (a.need, r.need)]
     pairs += [(x, y) for kv, kw in zip(a.new_kv, r.new_kv) for x, y in zip(kv, kw)]
-    if a.n is not None:
-        pairs.append((a.n, r.n))
-    return all(torch.equal(x, y) for x, y in pairs)
+    for name in ("n", "p", "running", "context"):   # (n, p: with need_weights only)
+        x, y = getattr(a, name), getattr(r, name)
+        if (x is None) != (y is None):
+            return False
+        if x is not None:
+            pairs.append((x, y))
+    return a.exited == r.exited and all(torch.equal(x, y) for x, y in pairs)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -49,6 +53,9 @@ def test_room_in_the_self_cache_equals_concatenation(policy, b, t, word_tok):
     with torch.inference_mode():
         for early_exit in (False, True):
             assert same_output(dec.decode_fn(tight, early_exit=early_exit), dec.decode_fn(roomy, early_exit=early_exit))
+        # the windows (and GMA's positions) where they are asked for: the plots' path
+        a, r = dec.decode_fn(tight, need_weights=True), dec.decode_fn(roomy, need_weights=True)
+        assert a.n is not None and (a.p is not None) == (policy == "gma") and same_output(a, r)
 
 
 def checked(dec) -> list[int]:
