@@ -11,8 +11,10 @@ stream's numbers are bit-for-bit the same alone or batched.
 `pack_for_inference(model)` returns a copy of the model with every nn.Linear
 replaced, and the projections that share an input fused into one product (a
 self-attention's query/key/value; every decoder layer's cross keys/values); the
-caller's model is left as it was (it may still be trained). On
-CUDA, or where the oneDNN operators are missing, the model is returned as is.
+caller's model is left as it was (it may still be trained). On CUDA the copy keeps the
+model's own linears and fuses those projections only (`fuse_projections`): there each product is a
+kernel, and a captured graph's kernels are small ones with a gap after each. Where neither applies
+(oneDNN missing, a CPU dtype it does not take) the model is returned as is.
 """
 from __future__ import annotations
 
@@ -65,16 +67,47 @@ class PackedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}"
 
 
+class FusedLinear(nn.Module):
+    """Several nn.Linear of one input as one F.linear (stacked weights): one product, one kernel on a GPU, where
+    they were one each; inference only."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.register_buffer("weight", weight.detach().contiguous(), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
+
+    @classmethod
+    def of(cls, *linears: nn.Linear) -> "FusedLinear":
+        return cls(*stacked(linears))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """A copy of `model` (in eval mode) whose projections of one input run as one product each: every
+    self-attention's query, key and value, and every decoder layer's cross keys and values (the other linears are
+    the model's own). The GPU's form of pack_for_inference."""
+    fused = copy.deepcopy(model).eval()
+    for module in list(fused.modules()):
+        if hasattr(module, "fused_qkv") and isinstance(module.q_proj, nn.Linear):
+            module.fused_qkv = FusedLinear.of(module.q_proj, module.k_proj, module.v_proj)
+    if hasattr(fused, "fused_cross_kv"):
+        fused.fused_cross_kv = FusedLinear.of(
+            *[lin for layer in fused.decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])
+    return fused
+
+
 def pack_for_inference(model: nn.Module, int8: bool = False) -> nn.Module:
-    """A copy of `model` (in eval mode) with every nn.Linear packed, or `model` itself
-    when packing is not available for its device and dtype.
+    """A copy of `model` (in eval mode) with every nn.Linear packed; on CUDA a copy with its projections fused
+    (`fuse_projections`); elsewhere, where packing is not available for its device and dtype, `model` itself.
 
     int8: the attention projections and feed-forward layers (where nearly all weight bytes
     are) get int8 weights (models/int8_linear.py); every other linear, such as GMA's step
     predictor, which decides READ or WRITE, stays packed fp32."""
     p = next(model.parameters())
     if not packing_available(p.device, p.dtype):
-        return model
+        return fuse_projections(model) if p.device.type == "cuda" and not int8 else model
     packed = copy.deepcopy(model).eval()
     big = Int8Linear if int8 else PackedLinear
     # projections of one input fused into one product (fewer, larger calls)

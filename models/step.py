@@ -20,7 +20,7 @@ from models.decode_io import DecodeInput, DecodeOutput
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.graph_inputs import Readback
 from models.int8_linear import Int8Linear
-from models.packed_linear import PackedLinear, pack_for_inference, plain_copy
+from models.packed_linear import PackedLinear, pack_for_inference, packing_available, plain_copy
 from models.policies import Policy, make_policy
 from models.step_form import StepForm, StepFormError, step_form
 from models.stream import (DONE, READ_OUTPUT, WRITE, SourceTooLong, StepOutput, StreamError, StreamState,
@@ -108,7 +108,7 @@ class StreamingDecoder:
         # the output projection (the embedding, tied) packed or int8 like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
-        packed = linears in ("packed", "int8") and self.net is not model
+        packed = linears in ("packed", "int8") and packing_available(p.device, p.dtype)
         self.out_packed = ((Int8Linear if linears == "int8" else PackedLinear)(model.embed.weight, None)
                            if packed else None)
         self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
@@ -441,11 +441,11 @@ class StreamingDecoder:
         slots, start, n_new = rows.unbind(1)
         w = tokens.shape[1]
         room = self._room(None, length, w)
-        enc, new_kv = self.net.encode_chunk(tokens, start, self.pool.gather_kv("enc", slots, max(length, 1) + room * w),
-                                            room=room)
         i = torch.arange(w, device=tokens.device).view(1, -1)
+        pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1)   # (B, W): the model's and the store's
+        enc, new_kv = self.net.encode_chunk(tokens, start, self.pool.gather_kv("enc", slots, max(length, 1) + room * w),
+                                            room=room, positions=pos)
         wslots = torch.where(i < n_new.view(-1, 1), slots.view(-1, 1), self.scratch)   # (B, W)
-        pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1)
         # the whole block goes to (wslots, pos): a view of it, no gather of its entries (three kernels and a copy
         # a kind fewer in the graph)
         self._store_encoded(enc, new_kv, wslots, pos, lambda values: values.permute(0, 3, 1, 2, 4))

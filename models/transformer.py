@@ -273,7 +273,7 @@ class Transformer(nn.Module):
         return (logits, info) if return_info else logits
 
     # ---- incremental paths (streaming) ----------------------------------
-    def encode_chunk(self, tokens, start, caches, room: bool = False):
+    def encode_chunk(self, tokens, start, caches, room: bool = False, positions=None):
         """Encode new source tokens of a causal encoder.
 
         tokens (B,N) new tokens (right-padded: a padding position's outputs are
@@ -282,14 +282,16 @@ class Transformer(nn.Module):
         holding the earlier keys at [0, start) (S' >= max(start), at least 1; the
         caches are only read). room: the caches are copies (B,H,S'+N,dk) whose last N
         positions take the chunk's own keys (written, not concatenated: one copy of
-        the cache fewer, as DecodeInput.self_room). Returns the new states (B,N,d) and
-        per layer the new (k, v) (B,H,N,dk).
+        the cache fewer, as DecodeInput.self_room). positions: the new tokens' positions
+        (B,N), start + 0..N-1 capped at the last one, where the caller has made them.
+        Returns the new states (B,N,d) and per layer the new (k, v) (B,H,N,dk).
         """
         b, n = tokens.shape
         dev = tokens.device
         i = torch.arange(n, device=dev)
-        pos = start.view(-1, 1) + i.view(1, -1)
-        x = self.embed_tokens(tokens, pos.clamp_max(self.cfg.max_positions - 1))
+        if positions is None:
+            positions = (start.view(-1, 1) + i.view(1, -1)).clamp_max(self.cfg.max_positions - 1)
+        x = self.embed_tokens(tokens, positions)
         # every earlier key is visible to every new token; new tokens see each other causally
         earlier = caches[0][0].shape[2] - (n if room else 0)
         cached = (torch.arange(earlier, device=dev).view(1, 1, -1) < start.view(-1, 1, 1)).expand(b, n, -1)

@@ -6,6 +6,8 @@ alignment plots use the explicit computation. These tests hold the two together.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import random_decoder
@@ -21,6 +23,7 @@ from models.step import StreamingDecoder
 from models.data.synthetic import make_pairs
 from models.translate import simulate
 
+ROOT = Path(__file__).resolve().parents[1]
 needs_packing = pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.float32),
                                    reason="oneDNN packed linears are not available in this torch build")
 
@@ -182,3 +185,50 @@ def test_release_model_frees_the_callers_weights(trained):
     gc.collect()
     assert ref() is None and dec.model is dec.net
     assert [(r.prediction, r.token_delays) for r in simulate(dec, sentences)] == before
+
+
+def with_net(dec: StreamingDecoder, net: nn.Module) -> StreamingDecoder:
+    """`dec` stepping `net` (before its graphs are captured)."""
+    dec.net, dec.decode_fn = net, net.decode_step
+    return dec
+
+
+@pytest.mark.parametrize("policy", ["offline", "waitk", "gma"])
+def test_fused_projections_write_what_the_models_own_linears_write(piece_tok, policy, one_torch_thread):
+    """The GPU's inference copy (pack_for_inference on CUDA: `fuse_projections`), run here on the CPU in the GPU's
+    default form: every self-attention's query/key/value and the decoder's cross keys/values as one product each,
+    against the model's own linears (what a GPU ran before); and two fewer products a layer in the graphs."""
+    from models.benchmarks.operators import computing_operators
+    from models.packed_linear import FusedLinear, fuse_projections
+    from tests.test_cuda_graphs import SENTENCES
+    model = random_decoder(piece_tok, policy, seed=11).model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fused = fuse_projections(model)
+    assert isinstance(fused.fused_cross_kv, FusedLinear)
+    assert all(isinstance(layer.self_attn.fused_qkv, FusedLinear) for layer in (*fused.encoder, *fused.decoder))
+    assert model.fused_cross_kv is None and all(layer.self_attn.fused_qkv is None for layer in model.decoder)
+    products = {}
+    results = {}
+    for name, net in (("own", model), ("fused", fused)):
+        dec = with_net(StreamingDecoder(model, piece_tok, form="graphs-encoder"), net)
+        dec.capture_graphs(16, 8)
+        counts = {"_graph_step": [], "_encode_core": []}
+        for method in counts:
+            def counted(*a, _body=getattr(dec, method), _counts=counts[method], **k):
+                with computing_operators(str(ROOT) + "/") as mode:
+                    out = _body(*a, **k)
+                _counts.append(mode.counts)
+                return out
+            setattr(dec, method, counted)
+        results[name] = [(r.prediction, r.token_delays) for r in simulate(dec, SENTENCES, batch_size=4)]
+        products[name] = {method: min(sum(c[op] for op in ("addmm", "mm", "linear")) for c in calls) if calls else 0
+                          for method, calls in counts.items()}
+    assert results["fused"] == results["own"]
+    cfg = model.cfg
+    # q, k, v: one product, not three, in every decoder layer; in the encoder's chunk step (a causal encoder)
+    # in every encoder layer, and the decoder layers' cross keys and values as one product instead of 2 a layer
+    assert products["own"]["_graph_step"] - products["fused"]["_graph_step"] == 2 * cfg.decoder_layers
+    if cfg.causal_encoder:
+        assert (products["own"]["_encode_core"] - products["fused"]["_encode_core"]
+                == 2 * cfg.encoder_layers + 2 * cfg.decoder_layers - 1)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())   # the caller's model untouched
