@@ -163,10 +163,11 @@ class DecoderLayer(nn.Module):
 def _first_window(blocks: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """The source a READ needs, from each layer's (blocking (B,) bool, window n (B,)): the window of the first
     blocking layer, which is exact (the layers below it saw all they needed; those above it ran on a truncated
-    source and are discarded); 0 where no layer blocks. One select a layer, lowest last."""
-    need = None
-    for blocking, n in reversed(blocks):
-        need = torch.where(blocking, n, 0 if need is None else need)
+    source and are discarded). Where no layer blocks (no READ, and nobody reads the value) it is the top layer's
+    window. One select a layer below the top, lowest last."""
+    need = blocks[-1][1]
+    for blocking, n in reversed(blocks[:-1]):
+        need = torch.where(blocking, n, need)
     return need
 
 
@@ -329,7 +330,8 @@ class Transformer(nn.Module):
         earlier = self_caches[0][0].shape[2] - int(inp.self_room)
         if inp.self_room:   # the own key goes into the room (attend): one mask over cache and room for every layer,
             j = torch.arange(earlier + 1, device=t.device)
-            j[-1] = -1      # the room's position visible to every row (-1 < t)
+            j[-1].fill_(-1)   # the room's position visible to every row (-1 < t); (not j[-1] = -1: that makes a
+            #                   tensor of the Python value first, a copy from the host inside a graph)
             cached, own = j.view(1, 1, -1) < tt.unsqueeze(-1), None
         else:
             cached = torch.arange(earlier, device=t.device).view(1, 1, -1) < tt.unsqueeze(-1)

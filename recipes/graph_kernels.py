@@ -2,7 +2,9 @@
 decoder step's graph body and of the encoder chunk step's, while sentences are translated word by word (the
 shipped gma_delta1, graphs-encoder). On the CPU the graph forms run those bodies eagerly, so the same operators
 are counted here that a GPU replays from its graphs; each is a kernel there, with a gap of ~0.3 µs after it
-(docs/benchmarks.md, the seventh measurement). Point --tree at another checkout to count in its code:
+(docs/benchmarks.md, the seventh measurement). The last column counts tensors made from Python values inside
+the bodies (none should be: inside a CUDA capture such a copy from the host fails it). Point --tree at another
+checkout to count in its code:
 
     python recipes/graph_kernels.py [--batch 8] [--by-line] [--tree .]
 """
@@ -60,17 +62,20 @@ def main() -> None:
         setattr(dec, method, counted)
     simulate(dec, lines, batch_size=args.batch)
     print(f"tree {args.tree}, form {args.form}, {len(lines)} sentences in one batch, word by word")
-    print("| graph body | calls | operators that compute, per call: median | min | max | views per call |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| graph body | calls | operators that compute, per call: median | min | max | views per call "
+          "| tensors from Python values |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     out = {}
     for name, modes in calls.items():
         if not modes:
-            print(f"| {name} | 0 | | | | |")
+            print(f"| {name} | 0 | | | | | |")
             continue
         n = [sum(m.counts.values()) for m in modes]
         out[name] = {"calls": len(n), "median": statistics.median(n), "min": min(n), "max": max(n),
-                     "views": statistics.median(m.views for m in modes)}
-        print(f"| {name} | {len(n)} | {statistics.median(n):.0f} | {min(n)} | {max(n)} | {out[name]['views']:.0f} |")
+                     "views": statistics.median(m.views for m in modes),
+                     "from_python": sum(m.from_python for m in modes)}   # (all calls: inside a capture, each fails it)
+        print(f"| {name} | {len(n)} | {statistics.median(n):.0f} | {min(n)} | {max(n)} | {out[name]['views']:.0f} "
+              f"| {out[name]['from_python']} |")
     if args.by_line:
         for name, modes in calls.items():
             if not modes:

@@ -27,19 +27,25 @@ def test_views_are_not_counted_and_in_place_operators_are():
         z.add_(1)                     # in place: computes, although its output is its input
         z.clone().unsqueeze(0)        # a copy, then a view of it
     assert dict(mode.counts) == {"add": 1, "add_": 1, "clone": 1}
-    assert mode.views == 4
+    assert mode.views == 4 and mode.from_python == 0
     # each counted operator is placed at the line of this file that called it
     assert sum(mode.lines.values()) == 3
     assert all(where.startswith("test_graph_kernels.py:") for _, where in mode.lines)
+    with torch.inference_mode(), computing_operators(str(ROOT) + "/") as mode:   # (as a step runs)
+        torch.where(x > 3, x, 0.0)    # a Python number as an argument: no tensor of it
+        x[-1] = 5.0                   # a tensor made of 5.0, then copied: a copy from the host on a GPU
+    assert mode.from_python == 1
 
 
 def body_counts(dec, method: str) -> list:
-    """The computing operators of each call of the decoder's graph body `method` over SENTENCES, batch 4."""
+    """The computing operators of each call of the decoder's graph body `method` over SENTENCES, batch 4; no call
+    makes a tensor from a Python value (inside a CUDA capture: a copy from the host, which fails it)."""
     modes, body = [], getattr(dec, method)
 
     def counted(*a, **k):
         with computing_operators(str(ROOT) + "/") as mode:
             out = body(*a, **k)
+        assert mode.from_python == 0, (method, mode.lines)
         modes.append(mode.counts)
         return out
     setattr(dec, method, counted)
@@ -83,8 +89,9 @@ def test_graph_kernels_recipe_counts_both_graph_bodies(tmp_path):
     assert set(counts) == {"decoder", "encoder"}, r.stdout
     for name, c in counts.items():
         assert c["calls"] > 0 and 0 < c["min"] <= c["median"] <= c["max"], (name, r.stdout)
+        assert c["from_python"] == 0, (name, r.stdout)
         # the median call's operators, line by line, add up to that call
         assert c["min"] <= sum(c["by_line"].values()) <= c["max"], name
-        assert f"| {name} | {c['calls']} | {c['median']:.0f} | {c['min']} | {c['max']} |" in r.stdout
+        assert f"| {name} | {c['calls']} | {c['median']:.0f} | {c['min']} | {c['max']} |" in r.stdout, r.stdout
     # the shipped model's decoder step: three layers of attention, projections and GMA windows
     assert counts["decoder"]["median"] > counts["encoder"]["median"] > 20

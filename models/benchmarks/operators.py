@@ -34,8 +34,10 @@ def operators_outside(events, region: str | None, within: str | None = None) -> 
 def computing_operators(code_root: str):
     """A dispatch mode that counts the operators that compute, by name and by the line of the code under
     `code_root` that called them: what a GPU runs as kernels, the views (outputs that share an input's memory,
-    not in place) left out. `counts` (name -> n), `lines` ((name, "file:line code") -> n), `views` (n). Used as
-    a context manager."""
+    not in place) left out. `counts` (name -> n), `lines` ((name, "file:line code") -> n), `views` (n), and
+    `from_python`: tensors made from Python values (`t[i] = 3`): on a GPU a copy from the host, which a CUDA
+    graph capture cannot take (a Python number an operator takes as an argument, as in torch.where(c, x, 0), is
+    no such tensor). Used as a context manager."""
     import traceback
     from collections import Counter
 
@@ -56,11 +58,13 @@ def computing_operators(code_root: str):
     class Computing(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.counts, self.lines, self.views = Counter(), Counter(), 0
+            self.counts, self.lines, self.views, self.from_python = Counter(), Counter(), 0, 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
+            if name in ("lift_fresh", "lift_fresh_copy"):
+                self.from_python += 1
             if not name.endswith("_") and memory(out) & memory((args, kwargs)):
                 self.views += 1
                 return out
