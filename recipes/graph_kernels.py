@@ -6,7 +6,7 @@ are counted here that a GPU replays from its graphs; each is a kernel there, wit
 the bodies (none should be: inside a CUDA capture such a copy from the host fails it). Point --tree at another
 checkout to count in its code:
 
-    python recipes/graph_kernels.py [--batch 8] [--by-line] [--tree .]
+    python recipes/graph_kernels.py [--batch 8] [--linears cpu|gpu] [--by-line] [--tree .]
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def main() -> None:
     ap.add_argument("--source", default=str(ROOT / "data/de-en-everyday/test.de"),
                     help="sentences of 1-30 words, the first --batch of them")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose code runs (default: this one)")
+    ap.add_argument("--linears", choices=["cpu", "gpu"], default="cpu",
+                    help="the step's inference copy: the CPU's (packed for oneDNN) or the one a GPU steps (the "
+                    "model's own linears, its projections fused where the tree does that: fuse_projections)")
     ap.add_argument("--by-line", action="store_true", help="also each graph's operators by the line that called them")
     ap.add_argument("--json", help="write the counts here too")
     args = ap.parse_args()
@@ -50,6 +53,14 @@ def main() -> None:
     torch.set_num_threads(1)
     model, tok, _ = load_checkpoint(ROOT / "models/checkpoints/gma_delta1")
     dec = StreamingDecoder(model, tok, form=args.form)
+    if args.linears == "gpu":   # (what pack_for_inference gives on CUDA, run here)
+        try:
+            from models.packed_linear import fuse_projections
+            net = fuse_projections(model)
+        except ImportError:     # (an older tree: a GPU stepped the model's own linears)
+            net = model
+        dec.net, dec.decode_fn = net, net.decode_step
+        dec.out_packed, dec.out_weight = None, model.embed.weight.detach().t().contiguous()
     dec.capture_graphs(args.batch, args.batch)
     bodies = {"decoder": "_graph_step", "encoder": "_encode_core"}
     calls: dict[str, list] = {name: [] for name in bodies}
@@ -61,7 +72,8 @@ def main() -> None:
             return out
         setattr(dec, method, counted)
     simulate(dec, lines, batch_size=args.batch)
-    print(f"tree {args.tree}, form {args.form}, {len(lines)} sentences in one batch, word by word")
+    print(f"tree {args.tree}, form {args.form}, {args.linears} linears, {len(lines)} sentences in one batch, "
+          "word by word")
     print("| graph body | calls | operators that compute, per call: median | min | max | views per call "
           "| tensors from Python values |")
     print("|---|---:|---:|---:|---:|---:|---:|")

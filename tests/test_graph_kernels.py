@@ -78,12 +78,14 @@ def test_layer_invariant_work_is_made_once_a_step(piece_tok, policy, one_torch_t
     assert dec3["arange"] <= 2 and dec3["zeros_like"] == 0 and dec3["zeros"] == 0
 
 
-def test_graph_kernels_recipe_counts_both_graph_bodies(tmp_path):
+@pytest.mark.parametrize("linears", ["cpu", "gpu"])
+def test_graph_kernels_recipe_counts_both_graph_bodies(tmp_path, linears):
     src = tmp_path / "test.de"
     src.write_text("Ich habe heute keine Zeit .\nWo ist der Bahnhof ?\n")
     out = tmp_path / "kernels.json"
     r = subprocess.run([sys.executable, str(ROOT / "recipes/graph_kernels.py"), "--batch", "2", "--source", str(src),
-                        "--by-line", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--linears", linears, "--by-line", "--json", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     counts = json.loads(out.read_text())
     assert set(counts) == {"decoder", "encoder"}, r.stdout
@@ -95,3 +97,7 @@ def test_graph_kernels_recipe_counts_both_graph_bodies(tmp_path):
         assert f"| {name} | {c['calls']} | {c['median']:.0f} | {c['min']} | {c['max']} |" in r.stdout, r.stdout
     # the shipped model's decoder step: three layers of attention, projections and GMA windows
     assert counts["decoder"]["median"] > counts["encoder"]["median"] > 20
+    # the linears the GPU's copy runs: F.linear's products (the CPU's are oneDNN's packed ones)
+    by_line = " ".join(counts["decoder"]["by_line"])
+    assert ("addmm" in by_line or "linear " in by_line) == (linears == "gpu")
+    assert ("_linear_pointwise" in by_line) == (linears == "cpu")
