@@ -457,13 +457,12 @@ class StreamingDecoder:
         calibration's mask keys. pick(values (B, layers, H, N, dk)) gives the entries to store, (..., layers, H,
         dk) with `slots` and `positions` of shape (...): where each goes. Every layer in one write per kind
         (per layer it took ~30 more operators a step)."""
-        def write(prefix: str, per_layer: list) -> None:
-            for j, kind in enumerate(("_k", "_v")):
-                values = torch.stack([kv[j] for kv in per_layer], 1)      # (B, layers, H, N, dk)
-                self.pool.write_layers(prefix + kind, slots, positions, pick(values))
+        def write(prefix: str, keys: torch.Tensor, values: torch.Tensor) -> None:   # each (B, layers, H, N, dk)
+            self.pool.write_layers(prefix + "_k", slots, positions, pick(keys))
+            self.pool.write_layers(prefix + "_v", slots, positions, pick(values))
         if new_kv is not None:
-            write("enc", new_kv)
-        write("cross", self.net.cross_kv(enc))
+            write("enc", *(torch.stack([kv[j] for kv in new_kv], 1) for j in (0, 1)))
+        write("cross", *self.net.cross_kv_layers(enc))
         mks = self.net.mask_keys(enc)
         if mks:
             self.pool.write_layers("cross_mk", slots, positions, pick(torch.stack(mks, 1)))
@@ -599,12 +598,14 @@ class StreamingDecoder:
                 tokens[keep] = self._choose(hidden[keep], keep, finished[keep], bans)
         # EOS before the source has ended is a READ (the reference agents' rule): a translation
         # ends with its sentence, not while the speaker is still talking
-        early = (tokens == cfg.eos_id) & ~(read | finished)
+        # (on bools a > b is a & ~b: one kernel where it took two)
+        early = (tokens == cfg.eos_id) > (read | finished)
         need = torch.where(early, avail + 1, need)
         read = read | early
-        wrote = ~read
         if self.scratch is not None:   # padding rows (the scratch slot) never advance
-            wrote = wrote & (slots != self.scratch)
+            wrote = (slots != self.scratch) > read
+        else:
+            wrote = ~read
         # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
         # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
         for j, kind in enumerate(("dec_k", "dec_v")):

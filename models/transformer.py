@@ -202,6 +202,18 @@ class Transformer(nn.Module):
         return [(layer.cross_attn.split(kv[2 * i]), layer.cross_attn.split(kv[2 * i + 1]))
                 for i, layer in enumerate(self.decoder)]
 
+    def cross_kv_layers(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`cross_kv` as two tensors (B, layers, H, S, dk), keys and values: where the projections are fused, views
+        of the one product (no copy to stack them); else the layers' stacked."""
+        if self.fused_cross_kv is None:
+            kv = self.cross_kv(enc)
+            return torch.stack([k for k, _ in kv], 1), torch.stack([v for _, v in kv], 1)
+        b, s, _ = enc.shape
+        cfg = self.cfg
+        # (the product's columns are k0, v0, k1, v1, ...: each d_model wide, split into heads as `split` does)
+        kv = self.fused_cross_kv(enc).view(b, s, len(self.decoder), 2, cfg.n_heads, cfg.head_dim)
+        return kv[:, :, :, 0].permute(0, 2, 3, 1, 4), kv[:, :, :, 1].permute(0, 2, 3, 1, 4)
+
     def cross_window(self, layer: DecoderLayer, q, t, src_len, k=None, delta=None, running=None):
         """Visible counts n (B,T) (uncapped), the prior's position p (or None) and the new running value
         for one decoder layer: the model's policy's window (models/policies/)."""

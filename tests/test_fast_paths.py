@@ -232,3 +232,21 @@ def test_fused_projections_write_what_the_models_own_linears_write(piece_tok, po
         assert (products["own"]["_encode_core"] - products["fused"]["_encode_core"]
                 == 2 * cfg.encoder_layers + 2 * cfg.decoder_layers - 1)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())   # the caller's model untouched
+
+
+@pytest.mark.parametrize("copy", ["own", "fused", "packed"])
+def test_cross_kv_layers_are_the_layers_cross_kv_stacked(word_tok, copy):
+    """The encoder's store takes every decoder layer's cross keys and values as two tensors: views of the fused
+    product where there is one, the same numbers as each layer's keys and values stacked."""
+    from models.packed_linear import fuse_projections
+    model = random_decoder(word_tok, "gma", seed=5).model
+    if copy == "packed" and not packing_available(torch.device("cpu"), torch.float32):
+        pytest.skip("oneDNN packed linears are not available in this torch build")
+    net = {"own": model, "fused": fuse_projections(model), "packed": pack_for_inference(model)}[copy]
+    enc = torch.randn(3, 7, model.cfg.d_model)
+    with torch.inference_mode():
+        keys, values = net.cross_kv_layers(enc)
+        per_layer = net.cross_kv(enc)
+    assert keys.shape == (3, model.cfg.decoder_layers, model.cfg.n_heads, 7, model.cfg.head_dim)
+    assert torch.equal(keys, torch.stack([k for k, _ in per_layer], 1))
+    assert torch.equal(values, torch.stack([v for _, v in per_layer], 1))
