@@ -29,7 +29,8 @@ def main() -> None:
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose code runs (default: this one)")
     ap.add_argument("--linears", choices=["cpu", "gpu"], default="cpu",
                     help="the step's inference copy: the CPU's (packed for oneDNN) or the one a GPU steps (the "
-                    "model's own linears, its projections fused where the tree does that: fuse_projections)")
+                    "model's own linears, its projections fused where the tree does that: fuse_projections), "
+                    "with CUDA's cache gather where the tree has one (CachePool.one_gather)")
     ap.add_argument("--by-line", action="store_true", help="also each graph's operators by the line that called them")
     ap.add_argument("--json", help="write the counts here too")
     args = ap.parse_args()
@@ -62,6 +63,8 @@ def main() -> None:
         dec.net, dec.decode_fn = net, net.decode_step
         dec.out_packed, dec.out_weight = None, model.embed.weight.detach().t().contiguous()
     dec.capture_graphs(args.batch, args.batch)
+    if args.linears == "gpu" and hasattr(dec.pool, "one_gather"):
+        dec.pool.one_gather = True   # (CUDA's cache gather: every layer of a kind at once)
     bodies = {"decoder": "_graph_step", "encoder": "_encode_core"}
     calls: dict[str, list] = {name: [] for name in bodies}
     for name, method in bodies.items():   # (the graphs call these through the decoder object: wrapped after capture)

@@ -101,3 +101,30 @@ def test_graph_kernels_recipe_counts_both_graph_bodies(tmp_path, linears):
     by_line = " ".join(counts["decoder"]["by_line"])
     assert ("addmm" in by_line or "linear " in by_line) == (linears == "gpu")
     assert ("_linear_pointwise" in by_line) == (linears == "cpu")
+
+
+@pytest.mark.parametrize("policy", ["gma", "waitk"])
+def test_one_gather_over_every_layer_writes_what_the_per_layer_gathers_write(piece_tok, policy, one_torch_thread):
+    """CUDA's cache gather (CachePool.one_gather: every layer of a kind at once, one kernel), run here on the CPU
+    against the CPU's one gather a layer: the same outputs, and per graph body one gather a kind instead of one a
+    layer and kind."""
+    results, counts = {}, {}
+    for one in (False, True):
+        dec = graphed(random_decoder(piece_tok, policy, seed=4, encoder_layers=3, decoder_layers=3),
+                      form="graphs-encoder")
+        dec.pool.one_gather = one
+        calls = {"_graph_step": [], "_encode_core": []}
+        for method, modes in calls.items():
+            def counted(*a, _body=getattr(dec, method), _modes=modes, **k):
+                with computing_operators(str(ROOT) + "/") as mode:
+                    out = _body(*a, **k)
+                assert mode.from_python == 0, mode.lines
+                _modes.append(mode.counts)
+                return out
+            setattr(dec, method, counted)
+        results[one] = [(r.prediction, r.token_delays) for r in simulate(dec, SENTENCES, batch_size=4)]
+        counts[one] = {m: min(sum(c.values()) for c in modes) for m, modes in calls.items()}
+    assert results[True] == results[False]
+    layers = 3
+    assert counts[False]["_graph_step"] - counts[True]["_graph_step"] == 4 * (layers - 1)   # dec and cross k, v
+    assert counts[False]["_encode_core"] - counts[True]["_encode_core"] == 2 * (layers - 1)  # the encoder's k, v
