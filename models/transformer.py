@@ -349,7 +349,6 @@ class Transformer(nn.Module):
             cached = torch.arange(earlier, device=t.device).view(1, 1, -1) < tt.unsqueeze(-1)
             own = torch.ones(b, 1, 1, dtype=torch.bool, device=t.device)
         read, blocks = None, []   # (READ once any layer's window needs more source than has arrived)
-        open_source = ~finished
         # the cross caches' positions, for every layer's window and prior (the same length in every layer)
         positions = torch.arange(cross_caches[0][0].shape[2], device=t.device)
         new_kv, ps, sums, attn, ns, ctxs = [], [], [], [], [], []
@@ -361,7 +360,7 @@ class Transformer(nn.Module):
             run = None if running is None else running[:, li]
             n, p, total = self.cross_window(layer, q, tt, avail, k, delta, run)
             n = n[:, 0]
-            blocking = (n > avail) & open_source
+            blocking = (n > avail) > finished   # (bools: more than has arrived, and the source goes on)
             blocks.append((blocking, n))
             read = blocking if read is None else read | blocking
             n = torch.minimum(n, avail)
