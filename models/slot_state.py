@@ -33,25 +33,11 @@ class SlotState:
     running: torch.Tensor | None = None      # (C, L) float32: GMA's unclamped Σ Δp per layer
     context: torch.Tensor | None = None      # (C, L, d): SACT's c̃ / interleaved phrases' x of the last WRITE
 
-    @property
-    def t(self) -> torch.Tensor:
-        """(C,) the target position (a view of `host`)."""
-        return self.host[:, 0]
-
-    @property
-    def prev(self) -> torch.Tensor:
-        """(C,) the last written token."""
-        return self.host[:, 1]
-
-    @property
-    def avail(self) -> torch.Tensor:
-        """(C,) source positions read (EOS counted once finished)."""
-        return self.host[:, 2]
-
-    @property
-    def finished(self) -> torch.Tensor:
-        """(C,) 1 where the source has ended (long: `gather_host` gives it as bool)."""
-        return self.host[:, 3]
+    # the columns of `host`, by name: (C,) views (finished as 0/1: `gather_host` gives it as bool)
+    t = property(lambda self: self.host[:, 0], doc="(C,) the target position")
+    prev = property(lambda self: self.host[:, 1], doc="(C,) the last written token")
+    avail = property(lambda self: self.host[:, 2], doc="(C,) source positions read (EOS counted once finished)")
+    finished = property(lambda self: self.host[:, 3], doc="(C,) 1 where the source has ended")
 
     def gather_host(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """t, prev, avail (long) and finished (bool) of the rows `slots`: one gather and one conversion."""
