@@ -84,17 +84,23 @@ class FusedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def _fuse(model: nn.Module, kind) -> None:
+    """In place: every self-attention's query, key and value, and every decoder layer's cross keys and values, as
+    one product each of `kind` (FusedLinear, PackedLinear, Int8Linear: `kind.of(*linears)`)."""
+    for module in list(model.modules()):
+        if hasattr(module, "fused_qkv") and isinstance(module.q_proj, nn.Linear):
+            module.fused_qkv = kind.of(module.q_proj, module.k_proj, module.v_proj)
+    if hasattr(model, "fused_cross_kv"):
+        model.fused_cross_kv = kind.of(
+            *[lin for layer in model.decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])
+
+
 def fuse_projections(model: nn.Module) -> nn.Module:
     """A copy of `model` (in eval mode) whose projections of one input run as one product each: every
     self-attention's query, key and value, and every decoder layer's cross keys and values (the other linears are
     the model's own). The GPU's form of pack_for_inference."""
     fused = copy.deepcopy(model).eval()
-    for module in list(fused.modules()):
-        if hasattr(module, "fused_qkv") and isinstance(module.q_proj, nn.Linear):
-            module.fused_qkv = FusedLinear.of(module.q_proj, module.k_proj, module.v_proj)
-    if hasattr(fused, "fused_cross_kv"):
-        fused.fused_cross_kv = FusedLinear.of(
-            *[lin for layer in fused.decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])
+    _fuse(fused, FusedLinear)
     return fused
 
 
@@ -107,16 +113,11 @@ def pack_for_inference(model: nn.Module, int8: bool = False) -> nn.Module:
     predictor, which decides READ or WRITE, stays packed fp32."""
     p = next(model.parameters())
     if not packing_available(p.device, p.dtype):
-        return fuse_projections(model) if p.device.type == "cuda" and not int8 else model
+        # (int8 never gets here off the CPU: StepForm.resolve refuses it)
+        return fuse_projections(model) if p.device.type == "cuda" else model
     packed = copy.deepcopy(model).eval()
     big = Int8Linear if int8 else PackedLinear
-    # projections of one input fused into one product (fewer, larger calls)
-    for module in list(packed.modules()):
-        if hasattr(module, "fused_qkv") and isinstance(module.q_proj, nn.Linear):
-            module.fused_qkv = big.of(module.q_proj, module.k_proj, module.v_proj)
-    if hasattr(packed, "fused_cross_kv"):
-        packed.fused_cross_kv = big.of(
-            *[lin for layer in packed.decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])
+    _fuse(packed, big)   # projections of one input fused into one product (fewer, larger calls)
     for module in list(packed.modules()):
         make = big if isinstance(module, (MultiHeadAttention, FeedForward)) else PackedLinear
         for name, child in list(module.named_children()):

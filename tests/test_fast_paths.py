@@ -6,8 +6,6 @@ alignment plots use the explicit computation. These tests hold the two together.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from conftest import random_decoder
@@ -23,7 +21,6 @@ from models.step import StreamingDecoder
 from models.data.synthetic import make_pairs
 from models.translate import simulate
 
-ROOT = Path(__file__).resolve().parents[1]
 needs_packing = pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.float32),
                                    reason="oneDNN packed linears are not available in this torch build")
 
@@ -198,9 +195,8 @@ def test_fused_projections_write_what_the_models_own_linears_write(piece_tok, po
     """The GPU's inference copy (pack_for_inference on CUDA: `fuse_projections`), run here on the CPU in the GPU's
     default form: every self-attention's query/key/value and the decoder's cross keys/values as one product each,
     against the model's own linears (what a GPU ran before); and two fewer products a layer in the graphs."""
-    from models.benchmarks.operators import computing_operators
     from models.packed_linear import FusedLinear, fuse_projections
-    from tests.test_cuda_graphs import SENTENCES
+    from tests.test_graph_kernels import counted_run
     model = random_decoder(piece_tok, policy, seed=11).model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fused = fuse_projections(model)
@@ -212,15 +208,7 @@ def test_fused_projections_write_what_the_models_own_linears_write(piece_tok, po
     for name, net in (("own", model), ("fused", fused)):
         dec = with_net(StreamingDecoder(model, piece_tok, form="graphs-encoder"), net)
         dec.capture_graphs(16, 8)
-        counts = {"_graph_step": [], "_encode_core": []}
-        for method in counts:
-            def counted(*a, _body=getattr(dec, method), _counts=counts[method], **k):
-                with computing_operators(str(ROOT) + "/") as mode:
-                    out = _body(*a, **k)
-                _counts.append(mode.counts)
-                return out
-            setattr(dec, method, counted)
-        results[name] = [(r.prediction, r.token_delays) for r in simulate(dec, SENTENCES, batch_size=4)]
+        results[name], counts = counted_run(dec)
         products[name] = {method: min(sum(c[op] for op in ("addmm", "mm", "linear")) for c in calls) if calls else 0
                           for method, calls in counts.items()}
     assert results["fused"] == results["own"]

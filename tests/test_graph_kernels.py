@@ -37,21 +37,21 @@ def test_views_are_not_counted_and_in_place_operators_are():
     assert mode.from_python == 1
 
 
-def body_counts(dec, method: str) -> list:
-    """The computing operators of each call of the decoder's graph body `method` over SENTENCES, batch 4; no call
-    makes a tensor from a Python value (inside a CUDA capture: a copy from the host, which fails it)."""
-    modes, body = [], getattr(dec, method)
-
-    def counted(*a, **k):
-        with computing_operators(str(ROOT) + "/") as mode:
-            out = body(*a, **k)
-        assert mode.from_python == 0, (method, mode.lines)
-        modes.append(mode.counts)
-        return out
-    setattr(dec, method, counted)
-    simulate(dec, SENTENCES, batch_size=4)
-    assert modes, f"{method} never ran"
-    return modes
+def counted_run(dec, methods=("_graph_step", "_encode_core")) -> tuple[list, dict[str, list]]:
+    """SENTENCES translated once (batch 4) with the decoder's graph bodies `methods` counted: the outputs
+    (prediction, token delays), and per body the computing operators of each call; no call makes a tensor from a
+    Python value (inside a CUDA capture: a copy from the host, which fails it)."""
+    calls = {method: [] for method in methods}
+    for method, modes in calls.items():
+        def counted(*a, _body=getattr(dec, method), _modes=modes, _method=method, **k):
+            with computing_operators(str(ROOT) + "/") as mode:
+                out = _body(*a, **k)
+            assert mode.from_python == 0, (_method, mode.lines)
+            _modes.append(mode.counts)
+            return out
+        setattr(dec, method, counted)
+    outputs = [(r.prediction, r.token_delays) for r in simulate(dec, SENTENCES, batch_size=4)]
+    return outputs, calls
 
 
 @pytest.mark.parametrize("policy", ["gma", "waitk"])
@@ -63,9 +63,11 @@ def test_layer_invariant_work_is_made_once_a_step(piece_tok, policy, one_torch_t
     for layers in (1, 2, 3):
         dec = graphed(random_decoder(piece_tok, policy, seed=3, encoder_layers=layers, decoder_layers=layers),
                       form="graphs-encoder")
+        _, calls = counted_run(dec)
+        assert all(calls.values()), {method: len(c) for method, c in calls.items()}   # (both bodies ran)
         # (a call's fewest: the cache gathered with room for the new keys; at the longest cache length there is
         # none, and the new keys are concatenated layer by layer instead)
-        per_layers[layers] = {body: min(body_counts(dec, method), key=lambda c: sum(c.values()))
+        per_layers[layers] = {body: min(calls[method], key=lambda c: sum(c.values()))
                               for body, method in (("decoder", "_graph_step"), ("encoder", "_encode_core"))}
     for body in ("decoder", "encoder"):
         one, two, three = (per_layers[n][body] for n in (1, 2, 3))
@@ -113,16 +115,7 @@ def test_one_gather_over_every_layer_writes_what_the_per_layer_gathers_write(pie
         dec = graphed(random_decoder(piece_tok, policy, seed=4, encoder_layers=3, decoder_layers=3),
                       form="graphs-encoder")
         dec.pool.one_gather = one
-        calls = {"_graph_step": [], "_encode_core": []}
-        for method, modes in calls.items():
-            def counted(*a, _body=getattr(dec, method), _modes=modes, **k):
-                with computing_operators(str(ROOT) + "/") as mode:
-                    out = _body(*a, **k)
-                assert mode.from_python == 0, mode.lines
-                _modes.append(mode.counts)
-                return out
-            setattr(dec, method, counted)
-        results[one] = [(r.prediction, r.token_delays) for r in simulate(dec, SENTENCES, batch_size=4)]
+        results[one], calls = counted_run(dec)
         counts[one] = {m: min(sum(c.values()) for c in modes) for m, modes in calls.items()}
     assert results[True] == results[False]
     layers = 3
