@@ -20,7 +20,7 @@ from models.decode_io import DecodeInput, DecodeOutput
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.graph_inputs import Readback
 from models.int8_linear import Int8Linear
-from models.packed_linear import PackedLinear, pack_for_inference, packing_available, plain_copy
+from models.packed_linear import PackedLinear, fuse_projections, pack_for_inference, packing_available, plain_copy
 from models.policies import Policy, make_policy
 from models.step_form import StepForm, StepFormError, step_form
 from models.stream import (DONE, READ_OUTPUT, WRITE, SourceTooLong, StepOutput, StreamError, StreamState,
@@ -80,15 +80,18 @@ class StreamingDecoder:
         self.compiled = self.form.compiled
         self.sync_free = self.form.sync_free
         # what the steps run: for `packed`/`int8` a copy with packed (or int8) linears where
-        # that is available, else the model itself; `model` keeps its own weights (saving,
-        # moving, training). compiled: torch.compile traces the model's own linears
+        # that is available, else the model itself; `fused` a copy whose projections of one input are one product
+        # each (what torch.compile traces for graphs-fused); `model` keeps its own weights (saving, moving,
+        # training). compiled: torch.compile traces the model's own linears
         linears = self.form.linears
         self.net = (model if linears == "model" else plain_copy(model) if linears == "plain"
+                    else fuse_projections(model) if linears == "fused"
                     else pack_for_inference(model, int8=linears == "int8"))
         self.cfg = model.cfg
         self.tok = tokenizer
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
         self.decode_fn = self.net.decode_step
+        self.encode_chunk_fn = self.net.encode_chunk   # (the captured encoder chunk step's: _encode_core)
         self.scratch = None
         self._scratch_change = self._scratch_fresh = None   # (its padding rows: _static_shapes)
         self.graphs = None   # models/cuda_graphs.py: the decoder step's captured graphs (capture_graphs)
@@ -105,6 +108,9 @@ class StreamingDecoder:
             # (4-5 uploads a step: host work, and inside a CUDA capture a copy the capture may refuse)
             torch._dynamo.config.specialize_float = True
             self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
+            if self.form.graph_encoder and self.cfg.causal_encoder:
+                # the encoder's chunk step fused as well: its graphs hold 60-odd small kernels eagerly
+                self.encode_chunk_fn = torch.compile(self.net.encode_chunk, dynamic=True)
         # the output projection (the embedding, tied) packed or int8 like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
@@ -443,8 +449,8 @@ class StreamingDecoder:
         room = self._room(None, length, w)
         i = torch.arange(w, device=tokens.device).view(1, -1)
         pos = (start.view(-1, 1) + i).clamp_max(self.cfg.max_positions - 1)   # (B, W): the model's and the store's
-        enc, new_kv = self.net.encode_chunk(tokens, start, self.pool.gather_kv("enc", slots, max(length, 1) + room * w),
-                                            room=room, positions=pos)
+        enc, new_kv = self.encode_chunk_fn(tokens, start, self.pool.gather_kv("enc", slots, max(length, 1) + room * w),
+                                           room=room, positions=pos)
         wslots = torch.where(i < n_new.view(-1, 1), slots.view(-1, 1), self.scratch)   # (B, W)
         # the whole block goes to (wslots, pos): a view of it, no gather of its entries (three kernels and a copy
         # a kind fewer in the graph)

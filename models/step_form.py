@@ -9,7 +9,9 @@ things at once, so that no combination of switches can be asked for that nobody 
     `packed` weights reordered once for oneDNN, fused projections (CPU; elsewhere the model's own);
     `int8`   int8 weights and per-row int8 activations for attention and feed-forward layers,
              packed fp32 for the rest (CPU, float32 only; models/int8_linear.py);
-    `model`  the model's own modules (what torch.compile traces);
+    `fused`  the model's own linears, each input's projections fused into one product (a GPU's copy of
+             `packed`): what torch.compile traces for graphs-fused;
+    `model`  the model's own modules (what torch.compile traces for `compiled`);
 - `sync_free`: the step never waits for the device (no early exit when every row READs, no boolean
   masks): one copy up and one copy back per step. None = per device (yes on a GPU, no on the CPU,
   where those shortcuts cost nothing and save work);
@@ -18,8 +20,9 @@ things at once, so that no combination of switches can be asked for that nobody 
 - `graphs`: static shapes, and the decoder step captured as CUDA graphs once, at start-up, for every padded
   batch size and cache length (`StreamingDecoder.capture_graphs`; models/cuda_graphs.py); on the CPU the
   same fixed shapes run eagerly. `graphs-encoder` captures the causal encoder's chunk step too;
-  `graphs-fused` compiles the decoder step with inductor (dynamic shapes, its default mode: fused kernels,
-  none of its own CUDA graphs) and captures that, so that a graph holds fewer, larger kernels.
+  `graphs-fused` compiles the decoder step and the encoder's chunk step with inductor (dynamic shapes, its
+  default mode: fused kernels, none of its own CUDA graphs) and captures those, so that a graph holds fewer,
+  larger kernels.
 """
 from __future__ import annotations
 
@@ -82,11 +85,11 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
                      "wider ones run eagerly)"),
     # (an experiment for the GPU's graphs: a graph of the eager decoder step is 236 small kernels, 134 of them
     # elementwise, with 0.25-0.3 us between two on an H200; docs/benchmarks.md, seventh measurement)
-    StepForm("graphs-fused", "model", sync_free=True, static_shapes=True, compiled=True, graphs=True,
+    StepForm("graphs-fused", "fused", sync_free=True, static_shapes=True, compiled=True, graphs=True,
              graph_encoder=True,
-             summary="graphs-encoder, with the decoder step compiled by inductor (fused kernels, no CUDA graphs of "
-                     "its own) before it is captured: it compiles while capturing (on the CPU: at its first "
-                     "steps)"),
+             summary="graphs-encoder, with the decoder step and the encoder's chunk step compiled by inductor (fused "
+                     "kernels, no CUDA graphs of its own; projections fused) before they are captured: it compiles "
+                     "while capturing (on the CPU: at its first steps)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
     # the server's default: the fastest form that passed the quality gate, timed where it runs
@@ -108,7 +111,7 @@ def step_form(form: "str | StepForm") -> StepForm:
 STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); "
              "int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs on CUDA); "
              "graphs (CUDA graphs captured at start-up); graphs-encoder (the encoder's step captured too); "
-             "graphs-fused (graphs-encoder with the decoder step compiled by inductor first); "
+             "graphs-fused (graphs-encoder with both steps compiled by inductor first); "
              "host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")
 
 

@@ -60,7 +60,8 @@ def main() -> None:
             net = fuse_projections(model)
         except ImportError:     # (an older tree: a GPU stepped the model's own linears)
             net = model
-        dec.net, dec.decode_fn = net, net.decode_step
+        # (encode_chunk_fn: the captured encoder step's since graphs-fused; an older tree reads net.encode_chunk)
+        dec.net, dec.decode_fn, dec.encode_chunk_fn = net, net.decode_step, net.encode_chunk
         dec.out_packed, dec.out_weight = None, model.embed.weight.detach().t().contiguous()
     dec.capture_graphs(args.batch, args.batch)
     if args.linears == "gpu" and hasattr(dec.pool, "one_gather"):

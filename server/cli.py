@@ -23,7 +23,7 @@ FLAGS = {
                                 "timed at start-up here and cached; on a CUDA GPU in float32 graphs-encoder), "
                                 "default (float32), int8 (int8 weights, CPU), graphs (the decoder step as CUDA graphs "
                                 "captured at start-up), graphs-encoder (the encoder's chunk step captured too), "
-                                "graphs-fused (graphs-encoder with the decoder step compiled by inductor first), "
+                                "graphs-fused (graphs-encoder with both steps compiled by inductor first), "
                                 "compiled (torch.compile, CUDA graphs on CUDA), host, sync-free, static, plain "
                                 "(docs/benchmarks.md)"}),
     "--no-repeat-ngram": ("no_repeat_ngram", {"type": int, "help": "never write a subword that repeats an N-gram "

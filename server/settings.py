@@ -128,7 +128,7 @@ class ServerSettings(BaseSettings):
                             "timed at start-up on this machine and cached; models/step_choice.py; on a CUDA GPU in "
                             "float32: graphs-encoder); default (float32 packed); int8 (int8 weights, CPU); graphs (the "
                             "decoder step as CUDA graphs captured at start-up); graphs-encoder (the encoder's chunk "
-                            "step captured too); graphs-fused (graphs-encoder with the decoder step compiled by "
+                            "step captured too); graphs-fused (graphs-encoder with both steps compiled by "
                             "inductor first); compiled (torch.compile with padded shapes, CUDA graphs on CUDA; "
                             "each new shape compiles once, which takes seconds to minutes); host, sync-free, static, "
                             "plain")

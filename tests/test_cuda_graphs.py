@@ -65,11 +65,15 @@ def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, form
 
 @pytest.mark.slow
 def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_writes(piece_tok, one_torch_thread):
-    """graphs-fused: the decoder step compiled by inductor (its default mode: no CUDA graphs of its own, ours
-    capture it) inside the same fixed shapes; GMA, whose step has the most elementwise work, batched and alone."""
+    """graphs-fused: the decoder step and the encoder's chunk step compiled by inductor (its default mode: no CUDA
+    graphs of its own, ours capture them) inside the same fixed shapes, over a copy whose projections are one
+    product per input; GMA, whose step has the most elementwise work, batched and alone."""
+    from models.packed_linear import FusedLinear
     dec = random_decoder(piece_tok, "gma", seed=7)
     g = graphed(dec, form="graphs-fused")
     assert g.compiled and g.form.graphs and g.decode_fn is not g.net.decode_step
+    assert g.cfg.causal_encoder and g.encode_chunk_fn is not g.net.encode_chunk
+    assert g.net is not dec.model and isinstance(g.net.fused_cross_kv, FusedLinear)
     for batch in (1, 8):
         assert outputs(simulate(g, SENTENCES, batch_size=batch)) == outputs(simulate(dec, SENTENCES, batch_size=batch))
     assert g.graphs.replays > 0 and g.graphs.encoder_replays > 0
@@ -212,7 +216,7 @@ def test_cuda_graph_replay_equals_eager_and_cpu(piece_tok, policy, form):
         assert outputs(simulate(eager, SENTENCES, batch_size=batch)) == want
         assert outputs(simulate(g, SENTENCES, batch_size=batch)) == want
     assert g.graphs.replays > 0
-    assert (g.graphs.encoder_replays > 0) == (form == "graphs-encoder" and g.cfg.causal_encoder)
+    assert (g.graphs.encoder_replays > 0) == (g.form.graph_encoder and g.cfg.causal_encoder)
     # whole sentences at once: the wide captured widths (16-64 subwords) replayed against the CPU
     assert (outputs(simulate(g, SENTENCES, batch_size=4, whole_sentence=True))
             == outputs(simulate(cpu, SENTENCES, batch_size=4, whole_sentence=True)))

@@ -186,7 +186,7 @@ def test_release_model_frees_the_callers_weights(trained):
 
 def with_net(dec: StreamingDecoder, net: nn.Module) -> StreamingDecoder:
     """`dec` stepping `net` (before its graphs are captured)."""
-    dec.net, dec.decode_fn = net, net.decode_step
+    dec.net, dec.decode_fn, dec.encode_chunk_fn = net, net.decode_step, net.encode_chunk
     return dec
 
 
