@@ -7,6 +7,10 @@ the bodies (none should be: inside a CUDA capture such a copy from the host fail
 checkout to count in its code:
 
     python recipes/graph_kernels.py [--batch 8] [--linears cpu|gpu] [--by-line] [--tree .]
+    python recipes/graph_kernels.py --profiler [--form graphs-encoder|graphs-fused] [--linears gpu]
+
+--profiler counts the kernels each body ran under torch.profiler instead: the outermost operators that launch a kernel
+on a GPU and the kernels inductor generated, one count for an eager body and a compiled one (graphs-fused) alike.
 """
 from __future__ import annotations
 
@@ -23,7 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8, help="sentences translated together (one batch, lockstep)")
-    ap.add_argument("--form", default="graphs-encoder", choices=["graphs", "graphs-encoder"])
+    ap.add_argument("--form", default="graphs-encoder", choices=["graphs", "graphs-encoder", "graphs-fused"],
+                    help="graphs-fused: the bodies compiled by inductor, counted with --profiler")
+    ap.add_argument("--profiler", action="store_true",
+                    help="count the kernels each body ran under torch.profiler instead (its outermost operators "
+                    "that launch a kernel on a GPU, and inductor's fused kernels): the one count that compares an eager body with a "
+                    "compiled one; no lines, views or Python values")
     ap.add_argument("--source", default=str(ROOT / "data/de-en-everyday/test.de"),
                     help="sentences of 1-30 words, the first --batch of them")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose code runs (default: this one)")
@@ -36,6 +45,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.batch < 1:
         ap.error("--batch must be 1 or more")
+    if args.form == "graphs-fused" and not args.profiler:
+        ap.error("--form graphs-fused runs compiled bodies, which a dispatch mode cannot count: add --profiler")
     lines = [s.strip() for s in open(args.source, encoding="utf-8") if 0 < len(s.split()) <= 30][: args.batch]
     if not lines:
         ap.error(f"{args.source}: no line of 1-30 words")
@@ -54,7 +65,8 @@ def main() -> None:
     torch.set_num_threads(1)
     model, tok, _ = load_checkpoint(ROOT / "models/checkpoints/gma_delta1")
     dec = StreamingDecoder(model, tok, form=args.form)
-    if args.linears == "gpu":   # (what pack_for_inference gives on CUDA, run here)
+    if args.linears == "gpu" and args.form != "graphs-fused":   # (what pack_for_inference gives on CUDA, run here;
+        # graphs-fused compiles a copy with its projections fused on every device)
         try:
             from models.packed_linear import fuse_projections
             net = fuse_projections(model)
@@ -67,6 +79,8 @@ def main() -> None:
     if args.linears == "gpu" and hasattr(dec.pool, "one_gather"):
         dec.pool.one_gather = True   # (CUDA's cache gather: every layer of a kind at once)
     bodies = {"decoder": "_graph_step", "encoder": "_encode_core"}
+    if args.profiler:
+        return profiled(args, dec, bodies, lines, operators)
     calls: dict[str, list] = {name: [] for name in bodies}
     for name, method in bodies.items():   # (the graphs call these through the decoder object: wrapped after capture)
         def counted(*a, _body=getattr(dec, method), _name=name, **k):
@@ -101,6 +115,38 @@ def main() -> None:
             print(f"\n{name}, a median call, by line:")
             for (op, where), c in sorted(m.lines.items(), key=lambda kv: kv[0][1]):
                 print(f"  {c:3d}  {op:30s} {where}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+def profiled(args, dec, bodies: dict[str, str], lines: list[str], operators) -> None:
+    """--profiler: the graph bodies as profiler regions, the kernels in each counted (operators.kernels_per_region)."""
+    import torch
+    import torch._inductor.config
+
+    from models.translate import simulate
+    torch._inductor.config.cpp.enable_kernel_profile = True   # (each generated kernel its own profiler event)
+    for name, method in bodies.items():
+        def marked(*a, _body=getattr(dec, method), _name=name, **k):
+            with torch.profiler.record_function(f"graph_kernels::{_name}"):
+                return _body(*a, **k)
+        setattr(dec, method, marked)
+    simulate(dec, lines, batch_size=args.batch)   # (a compiled form compiles here, outside the count)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        simulate(dec, lines, batch_size=args.batch)
+    events = list(prof.profiler.kineto_results.events())
+    print(f"tree {args.tree}, form {args.form}, {args.linears} linears, {len(lines)} sentences in one batch, "
+          "word by word; kernels counted under the profiler")
+    print("| graph body | calls | kernels per call: median | min | max |")
+    print("|---|---:|---:|---:|---:|")
+    out = {}
+    for name in bodies:
+        n = operators.kernels_per_region(events, f"graph_kernels::{name}")
+        if not n:
+            print(f"| {name} | 0 | | | |")
+            continue
+        out[name] = {"calls": len(n), "median": statistics.median(n), "min": min(n), "max": max(n)}
+        print(f"| {name} | {len(n)} | {statistics.median(n):.0f} | {min(n)} | {max(n)} |")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -64,7 +64,8 @@ def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, form
 
 
 @pytest.mark.slow
-def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_writes(piece_tok, one_torch_thread):
+def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_writes(piece_tok, one_torch_thread,
+                                                                                      monkeypatch):
     """graphs-fused: the decoder step and the encoder's chunk step compiled by inductor (its default mode: no CUDA
     graphs of its own, ours capture them) inside the same fixed shapes, over a copy whose projections are one
     product per input; GMA, whose step has the most elementwise work, batched and alone."""
@@ -77,6 +78,19 @@ def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_w
     for batch in (1, 8):
         assert outputs(simulate(g, SENTENCES, batch_size=batch)) == outputs(simulate(dec, SENTENCES, batch_size=batch))
     assert g.graphs.replays > 0 and g.graphs.encoder_replays > 0
+    # each graph body holds fewer kernels than graphs-encoder's eager one (inductor's generated kernels and the
+    # library calls around them, counted from the profiler: recipes/graph_kernels.py --profiler)
+    import torch._inductor.config
+
+    from tests.test_graph_kernels import profiled_kernels
+    eager = profiled_kernels(graphed(dec, form="graphs-encoder"))
+    with monkeypatch.context() as m:
+        m.setattr(torch._inductor.config.cpp, "enable_kernel_profile", True)   # (read when a kernel is generated)
+        torch._dynamo.reset()   # (compiled again, with a profiler event per kernel)
+        fused = profiled_kernels(graphed(dec, form="graphs-fused"))
+    for body, calls in eager.items():
+        assert len(fused[body]) == len(calls) > 0
+        assert 0 < max(fused[body]) < min(calls), (body, fused[body], calls)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -121,3 +121,30 @@ def test_one_gather_over_every_layer_writes_what_the_per_layer_gathers_write(pie
     layers = 3
     assert counts[False]["_graph_step"] - counts[True]["_graph_step"] == 4 * (layers - 1)   # dec and cross k, v
     assert counts[False]["_encode_core"] - counts[True]["_encode_core"] == 2 * (layers - 1)  # the encoder's k, v
+
+
+def profiled_kernels(dec, methods=("_graph_step", "_encode_core")) -> dict[str, list[int]]:
+    """SENTENCES translated twice (batch 4; a compiled body compiles in the first), the second time under the
+    profiler with each graph body a region: per body, the kernels of each call (operators.kernels_per_region)."""
+    from models.benchmarks.operators import kernels_per_region
+    for method in methods:
+        def marked(*a, _body=getattr(dec, method), _method=method, **k):
+            with torch.profiler.record_function(f"test::{_method}"):
+                return _body(*a, **k)
+        setattr(dec, method, marked)
+    simulate(dec, SENTENCES, batch_size=4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        simulate(dec, SENTENCES, batch_size=4)
+    events = list(prof.profiler.kineto_results.events())
+    return {method: kernels_per_region(events, f"test::{method}") for method in methods}
+
+
+
+def test_the_profilers_kernel_count_is_the_dispatch_count(piece_tok, one_torch_thread):
+    """recipes/graph_kernels.py --profiler, which also counts compiled bodies (graphs-fused: tests/test_cuda_graphs.py):
+    from the profiler's events an eager body's kernels are the operators the dispatch mode counts, call by call."""
+    dec = random_decoder(piece_tok, "gma", seed=7)
+    _, dispatched = counted_run(graphed(dec, form="graphs-encoder"))
+    eager = profiled_kernels(graphed(dec, form="graphs-encoder"))
+    for method, calls in dispatched.items():
+        assert eager[method] == [sum(c.values()) for c in calls], method

@@ -31,6 +31,47 @@ def operators_outside(events, region: str | None, within: str | None = None) -> 
     return count
 
 
+# operators that launch no kernel: views and metadata, allocation without a fill, conversions that may copy (the
+# copy, where there is one, is its own event inside them), reads of a value
+NO_KERNEL = frozenset(f"aten::{n}" for n in (
+    "view", "_unsafe_view", "view_as", "reshape", "as_strided", "select", "slice", "narrow", "expand", "expand_as",
+    "unsqueeze", "squeeze", "permute", "transpose", "t", "split", "split_with_sizes", "chunk", "unbind", "flatten",
+    "unflatten", "alias", "detach", "detach_", "resolve_conj", "resolve_neg", "lift_fresh", "dropout", "to",
+    "contiguous", "item", "_local_scalar_dense", "is_nonzero", "numpy_T", "movedim", "matrix_H", "set_",
+    "resize_", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"))
+
+
+# the namespaces of operators (not of record_function regions, whose names may have "::" too)
+OPERATOR_NAMESPACES = ("aten::", "mkldnn::", "onednn::", "quantized::", "_quantized::", "prepacked::")
+
+
+def launches_kernel(name: str) -> bool:
+    """An event that is a kernel on a GPU: an operator not in NO_KERNEL, or a kernel inductor generated
+    (`..._cpp_fused_...` on the CPU, profiled where torch._inductor.config.cpp.enable_kernel_profile is set)."""
+    return "_cpp_fused_" in name or (name.startswith(OPERATOR_NAMESPACES) and name not in NO_KERNEL)
+
+
+def kernels_per_region(events, region: str, counts=launches_kernel) -> list[int]:
+    """Per span of the profiler region `region` (record_function), its outermost events that `counts` (default:
+    those that launch a kernel on a GPU). One method for an eager body and a compiled one, so that the two
+    compare."""
+    spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == region)
+    work = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if counts(e.name()))
+    counts, i = [], 0
+    for a, b in spans:
+        while i < len(work) and work[i][0] < a:
+            i += 1
+        n, end, j = 0, -1, i
+        while j < len(work) and work[j][0] < b:
+            start, stop = work[j]
+            if stop <= b and start >= end:   # (one nested in a counted one is part of it)
+                n += 1
+                end = stop
+            j += 1
+        counts.append(n)
+    return counts
+
+
 def computing_operators(code_root: str):
     """A dispatch mode that counts the operators that compute, by name and by the line of the code under
     `code_root` that called them: what a GPU runs as kernels, the views (outputs that share an input's memory,
