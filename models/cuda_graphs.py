@@ -26,6 +26,7 @@ never a capture mid-stream. Off CUDA the same plumbing runs eagerly (the tests h
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 
@@ -96,6 +97,10 @@ class DecoderGraphs:
         dec = self.dec
         gc.collect()
         gc.freeze()   # a collection during capture could free tensors the graph still records into
+        strict = contextlib.ExitStack()
+        if dec.compiled:   # (its bodies compile in their warm-ups here: past dynamo's recompile limit it would run
+            # the rest of the shapes eagerly without a word, so that start-up fails instead)
+            strict.enter_context(torch._dynamo.config.patch(fail_on_recompile_limit_hit=True))
         try:
             for b in reversed(self.sizes):
                 for n in reversed(self.lengths):
@@ -112,6 +117,7 @@ class DecoderGraphs:
                         rows.copy_(torch.tensor([[dec.scratch, 0, 0]] * b, dtype=torch.long))
                         self._capture_one(("enc", b, w, n), lambda x, r, n=n: dec._encode_core(x, r, n), tokens, rows)
         finally:
+            strict.close()
             gc.unfreeze()
         if self.cuda:
             torch.cuda.synchronize(dec.device)

@@ -107,6 +107,12 @@ class StreamingDecoder:
             # config: traced as such, not as inputs that dynamo makes into tensors from Python values on every call
             # (4-5 uploads a step: host work, and inside a CUDA capture a copy the capture may refuse)
             torch._dynamo.config.specialize_float = True
+            if self.form.graphs:
+                # every shape a graph is captured for is compiled for at start-up: batch 1 and wider, chunk width 1
+                # and wider (0/1 specialisation) and caches with and without room (a Python bool) compile apart,
+                # 9 variants of the encoder's chunk step for gma_delta1, past dynamo's default limit of 8, beyond
+                # which it runs the rest eagerly without saying so
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
             if self.form.graph_encoder and self.cfg.causal_encoder:
                 # the encoder's chunk step fused as well: its graphs hold 60-odd small kernels eagerly

@@ -64,8 +64,7 @@ def test_graphs_form_writes_what_the_default_form_writes(piece_tok, policy, form
 
 
 @pytest.mark.slow
-def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_writes(piece_tok, one_torch_thread,
-                                                                                      monkeypatch):
+def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_writes(piece_tok, one_torch_thread):
     """graphs-fused: the decoder step and the encoder's chunk step compiled by inductor (its default mode: no CUDA
     graphs of its own, ours capture them) inside the same fixed shapes, over a copy whose projections are one
     product per input; GMA, whose step has the most elementwise work, batched and alone."""
@@ -84,13 +83,32 @@ def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_w
 
     from tests.test_graph_kernels import profiled_kernels
     eager = profiled_kernels(graphed(dec, form="graphs-encoder"))
-    with monkeypatch.context() as m:
-        m.setattr(torch._inductor.config.cpp, "enable_kernel_profile", True)   # (read when a kernel is generated)
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):   # (read when a kernel is generated)
         torch._dynamo.reset()   # (compiled again, with a profiler event per kernel)
         fused = profiled_kernels(graphed(dec, form="graphs-fused"))
     for body, calls in eager.items():
         assert len(fused[body]) == len(calls) > 0
         assert 0 < max(fused[body]) < min(calls), (body, fused[body], calls)
+
+
+@pytest.mark.slow
+def test_fused_form_compiles_every_captured_shape_within_dynamos_recompile_limit(piece_tok, one_torch_thread):
+    """A CUDA capture warms up every (batch, cache length[, width]) body before recording it, so graphs-fused compiles
+    every variant dynamo needs at start-up: batch 1 and wider, chunk width 1 and wider, caches with and without room.
+    Past dynamo's recompile limit (8 by default) it would run the rest eagerly and capture unfused kernels without a
+    word; capture makes that an error, and the form raises the limit. The same warm-ups, in the same order, here."""
+    dec = random_decoder(piece_tok, "gma", seed=7)
+    g = graphed(dec, capacity=16, max_batch=4, form="graphs-fused", widths=[1, 2, 8])
+    torch._dynamo.reset()
+    with torch.inference_mode(), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for _, static, body in g.graphs.entries.values():   # (capture order: largest first)
+            body(*static)
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    variants = {name: len(_debug_get_cache_entry_list(getattr(g.net, name).__func__.__code__))
+                for name in ("decode_step", "encode_chunk")}
+    # more than dynamo's default allows for the encoder's chunk step, which the form's own limit takes
+    assert variants["encode_chunk"] > 8 >= variants["decode_step"] > 1, variants
+    assert torch._dynamo.config.recompile_limit >= 2 * variants["encode_chunk"]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
