@@ -116,6 +116,12 @@ class DecoderGraphs:
                         tokens.fill_(dec.cfg.pad_id)
                         rows.copy_(torch.tensor([[dec.scratch, 0, 0]] * b, dtype=torch.long))
                         self._capture_one(("enc", b, w, n), lambda x, r, n=n: dec._encode_core(x, r, n), tokens, rows)
+        except Exception as e:
+            if type(e).__name__ != "FailOnRecompileLimitHit":
+                raise
+            raise GraphShapeError(f"the compiled step needed more variants than dynamo's recompile limit "
+                                  f"({torch._dynamo.config.recompile_limit}) for the shapes captured; "
+                                  "recipes/compile_variants.py counts them") from e
         finally:
             strict.close()
             gc.unfreeze()

@@ -108,10 +108,14 @@ class StreamingDecoder:
             # (4-5 uploads a step: host work, and inside a CUDA capture a copy the capture may refuse)
             torch._dynamo.config.specialize_float = True
             if self.form.graphs:
-                # every shape a graph is captured for is compiled for at start-up: batch 1 and wider, chunk width 1
-                # and wider (0/1 specialisation) and caches with and without room (a Python bool) compile apart,
-                # 9 variants of the encoder's chunk step for gma_delta1, past dynamo's default limit of 8, beyond
-                # which it runs the rest eagerly without saying so
+                # every shape a graph is captured for is compiled for at start-up. Sizes that happen to be equal
+                # (a batch of 8 with a chunk 8 wide) shared one symbol ("duck" shapes) and compiled again when they
+                # differed: 19 variants of the two steps for gma_delta1 at 64 streams, 12 without. Batch 1 and wider,
+                # chunk width 1 and wider (0/1 specialisation) and caches with and without room (a Python bool) still
+                # compile apart: 8 variants of the encoder's chunk step, dynamo's default limit, beyond which it
+                # would run the rest eagerly without saying so (capture makes that an error: cuda_graphs.py)
+                import torch.fx.experimental._config as fx_config
+                fx_config.use_duck_shape = False
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
             if self.form.graph_encoder and self.cfg.causal_encoder:
