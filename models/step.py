@@ -92,6 +92,7 @@ class StreamingDecoder:
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
         self.decode_fn = self.net.decode_step
         self.encode_chunk_fn = self.net.encode_chunk   # (the captured encoder chunk step's: _encode_core)
+        self.settle_fn = self._settle                  # (what a decoder trial decided: _decode_core)
         self.scratch = None
         self._scratch_change = self._scratch_fresh = None   # (its padding rows: _static_shapes)
         self.graphs = None   # models/cuda_graphs.py: the decoder step's captured graphs (capture_graphs)
@@ -118,6 +119,9 @@ class StreamingDecoder:
                 fx_config.use_duck_shape = False
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self.decode_fn = torch.compile(self.net.decode_step, dynamic=True, mode=mode)
+            if self.form.graphs:
+                # what the decisions and the moved rows take after the decoder step: a dozen elementwise kernels
+                self.settle_fn = torch.compile(self._settle, dynamic=True)
             if self.form.graph_encoder and self.cfg.causal_encoder:
                 # the encoder's chunk step fused as well: its graphs hold 60-odd small kernels eagerly
                 self.encode_chunk_fn = torch.compile(self.net.encode_chunk, dynamic=True)
@@ -602,6 +606,27 @@ class StreamingDecoder:
                           mask_caches=mask_caches, contexts=contexts, self_room=room)
         out = (self.net.decode_step if record else self.decode_fn)(inp, need_weights=record,
                                                                    early_exit=not self.sync_free)
+        decided, moved = self.settle_fn(out, slots, t, prev, avail, finished, running, contexts, bans)
+        # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
+        # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
+        pool.write_layers("dec_k", slots, t, moved["dec_k"])
+        pool.write_layers("dec_v", slots, t, moved["dec_v"])
+        # a WRITE moves the row on, on the device: position, last token, GMA's sums, a carried context
+        rows.t.index_copy_(0, slots, moved["t"])
+        rows.prev.index_copy_(0, slots, moved["prev"])
+        if "running" in moved:
+            rows.running.index_copy_(0, slots, moved["running"])
+        if "context" in moved:
+            rows.context.index_copy_(0, slots, moved["context"])
+        return decided, out
+
+    def _settle(self, out: DecodeOutput, slots: torch.Tensor, t: torch.Tensor, prev: torch.Tensor,
+                avail: torch.Tensor, finished: torch.Tensor, running: torch.Tensor | None,
+                contexts: torch.Tensor | None, bans: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """What a decoder trial decided, from its DecodeOutput: the (B, 3) decisions (READ?, source needed, token)
+        and the rows' values moved on where they WRITE (t, prev, GMA's sums, a carried context) with the new keys
+        stacked for the pool, by name. Computes and writes nothing else: graphs-fused compiles it (settle_fn)."""
+        cfg = self.cfg
         hidden, new_kv, read, need = out.hidden, out.new_kv, out.read, out.need
         if out.exited_early:  # every row READ below the top layer (host shortcut, see decode_step)
             tokens = torch.zeros_like(need)
@@ -622,19 +647,14 @@ class StreamingDecoder:
             wrote = (slots != self.scratch) > read
         else:
             wrote = ~read
-        # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
-        # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
-        for j, kind in enumerate(("dec_k", "dec_v")):
-            pool.write_layers(kind, slots, t, torch.stack([kv[j][:, :, 0] for kv in new_kv], 1))
-        # a WRITE moves the row on, on the device: position, last token, GMA's sums, a carried context
-        rows.t.index_copy_(0, slots, t + wrote)
-        rows.prev.index_copy_(0, slots, torch.where(wrote, tokens, prev))
+        moved = {"dec_k": torch.stack([kv[0][:, :, 0] for kv in new_kv], 1),
+                 "dec_v": torch.stack([kv[1][:, :, 0] for kv in new_kv], 1),
+                 "t": t + wrote, "prev": torch.where(wrote, tokens, prev)}
         if out.running is not None:
-            rows.running.index_copy_(0, slots, torch.where(wrote.view(-1, 1), out.running, running))
+            moved["running"] = torch.where(wrote.view(-1, 1), out.running, running)
         if out.context is not None:
-            moved = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
-            rows.context.index_copy_(0, slots, moved)
-        return torch.stack([read.long(), need, tokens], 1), out
+            moved["context"] = torch.where(wrote.view(-1, 1, 1), out.context.to(contexts.dtype), contexts)
+        return torch.stack([read.long(), need, tokens], 1), moved
 
     def _graph_step(self, slots: torch.Tensor, changes: torch.Tensor, fresh: torch.Tensor, length: int) -> torch.Tensor:
         """What a decoder graph captures: the slot rows the host changed (`changes` (B, 5), `fresh` (B, 1 + names),

@@ -11,7 +11,8 @@ import time
 
 import torch
 
-COMPILED = ("decode_step", "encode_chunk")   # the model methods graphs-fused compiles (StreamingDecoder)
+# what graphs-fused compiles (StreamingDecoder): the model's two steps, and the decoder's settling of a trial
+COMPILED = ("decode_step", "encode_chunk", "_settle")
 
 
 def warm_captured_shapes(dec) -> dict:
@@ -31,5 +32,6 @@ def warm_captured_shapes(dec) -> dict:
                 failed = f"{key}: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
                 break
             shapes += 1
-    variants = {name: len(_debug_get_cache_entry_list(getattr(dec.net, name).__func__.__code__)) for name in COMPILED}
+    variants = {name: len(_debug_get_cache_entry_list(getattr(dec.net if hasattr(dec.net, name) else dec, name)
+                                                      .__func__.__code__)) for name in COMPILED}
     return {"variants": variants, "seconds": time.perf_counter() - t0, "shapes": shapes, "failed": failed}
