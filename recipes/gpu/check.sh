@@ -53,9 +53,11 @@ BUDGET_STEP="${BUDGET_STEP:-130}"     # halved between the small and the large b
 # the step forms bench step compares: eager sync-free and the two graph forms (QUICK: the default form alone)
 STEP_PATHS="${STEP_PATHS:-sync-free,graphs,graphs-encoder}"
 BUDGET_STEP_BF16="${BUDGET_STEP_BF16:-0}"
-# the graphs-fused form (the decoder step compiled by inductor, then captured): its replay tests (compiling is
-# most of it; not yet run on a GPU: 150 to start with) and bench step against graphs-encoder at SMALL_BATCHES
+# the graphs-fused form (its two steps and the settling of a trial compiled by inductor, then captured): its replay
+# tests (compiling is most of it, 14 variants a model; not yet run on a GPU: 150 to start with; FUSED_K picks the
+# cases, e.g. "replay_equals and fused and gma" for one policy) and bench step against graphs-encoder at SMALL_BATCHES
 BUDGET_FUSED_TESTS="${BUDGET_FUSED_TESTS:-0}"
+FUSED_K="${FUSED_K:-replay_equals and fused}"
 BUDGET_STEP_FUSED="${BUDGET_STEP_FUSED:-0}"
 BUDGET_STEP_TRACE="${BUDGET_STEP_TRACE:-0}"   # recipes/gpu/step_trace.py at SMALL_BATCHES: traces and the gaps per step; 40 runs it
 BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
@@ -180,7 +182,7 @@ step "bench step, float32, large batches, $STEP_ARRIVALS arrivals, forms $STEP_P
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals "$STEP_ARRIVALS" \
   --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda.json"
 step "CUDA tests of graphs-fused: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py)" "$BUDGET_FUSED_TESTS" \
-  "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "replay_equals and fused" tests/test_cuda_graphs.py
+  "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "$FUSED_K" tests/test_cuda_graphs.py
 step "bench step, float32, small batches, graphs-encoder against graphs-fused" "$BUDGET_STEP_FUSED" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" \
   --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds "$SMALL_ROUNDS" --paths graphs-encoder,graphs-fused \
