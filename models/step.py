@@ -606,7 +606,8 @@ class StreamingDecoder:
                           mask_caches=mask_caches, contexts=contexts, self_room=room)
         out = (self.net.decode_step if record else self.decode_fn)(inp, need_weights=record,
                                                                    early_exit=not self.sync_free)
-        decided, moved = self.settle_fn(out, slots, t, prev, avail, finished, running, contexts, bans)
+        decided, moved = (self._settle if record else self.settle_fn)(out, slots, t, prev, avail, finished, running,
+                                                                       contexts, bans)
         # every row writes its decoder keys at t: a READ does not advance t, so its keys are rewritten
         # by the step that finally WRITEs there before any step reads position t (no mask, no sync)
         pool.write_layers("dec_k", slots, t, moved["dec_k"])
