@@ -595,7 +595,7 @@ class StreamingDecoder:
         decode, choose, write the new keys and move the writing rows on. Returns the (B, 3) decisions (READ?,
         source needed, token) and the step's DecodeOutput. Sync-free unless the form keeps host shortcuts;
         with `lone` None and no bans it is what a CUDA graph captures (models/cuda_graphs.py)."""
-        cfg, pool, rows = self.cfg, self.pool, self.pool.rows
+        pool, rows = self.pool, self.pool.rows
         t, prev, avail, finished = rows.gather_host(slots)
         k, delta, running, contexts = (None if x is None else x.index_select(0, slots)
                                        for x in (rows.k, rows.delta, rows.running, rows.context))

@@ -20,9 +20,9 @@ things at once, so that no combination of switches can be asked for that nobody 
 - `graphs`: static shapes, and the decoder step captured as CUDA graphs once, at start-up, for every padded
   batch size and cache length (`StreamingDecoder.capture_graphs`; models/cuda_graphs.py); on the CPU the
   same fixed shapes run eagerly. `graphs-encoder` captures the causal encoder's chunk step too;
-  `graphs-fused` compiles the decoder step and the encoder's chunk step with inductor (dynamic shapes, its
-  default mode: fused kernels, none of its own CUDA graphs) and captures those, so that a graph holds fewer,
-  larger kernels.
+  `graphs-fused` compiles the decoder step, the settling of its decisions and the encoder's chunk step with
+  inductor (dynamic shapes, its default mode: fused kernels, none of its own CUDA graphs) and captures those, so
+  that a graph holds fewer, larger kernels.
 """
 from __future__ import annotations
 

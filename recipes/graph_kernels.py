@@ -31,8 +31,8 @@ def main() -> None:
                     help="graphs-fused: the bodies compiled by inductor, counted with --profiler")
     ap.add_argument("--profiler", action="store_true",
                     help="count the kernels each body ran under torch.profiler instead (its outermost operators "
-                    "that launch a kernel on a GPU, and inductor's fused kernels): the one count that compares an eager body with a "
-                    "compiled one; no lines, views or Python values")
+                    "that launch a kernel on a GPU, and inductor's fused kernels): the one count that compares an "
+                    "eager body with a compiled one; no lines, views or Python values")
     ap.add_argument("--source", default=str(ROOT / "data/de-en-everyday/test.de"),
                     help="sentences of 1-30 words, the first --batch of them")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose code runs (default: this one)")

@@ -139,7 +139,6 @@ def profiled_kernels(dec, methods=("_graph_step", "_encode_core")) -> dict[str, 
     return {method: kernels_per_region(events, f"test::{method}") for method in methods}
 
 
-
 def test_the_profilers_kernel_count_is_the_dispatch_count(piece_tok, one_torch_thread):
     """recipes/graph_kernels.py --profiler, which also counts compiled bodies (graphs-fused: tests/test_cuda_graphs.py):
     from the profiler's events an eager body's kernels are the operators the dispatch mode counts, call by call."""
