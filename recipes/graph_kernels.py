@@ -120,28 +120,19 @@ def main() -> None:
 
 
 def profiled(args, dec, bodies: dict[str, str], lines: list[str], operators) -> None:
-    """--profiler: the graph bodies as profiler regions, the kernels in each counted (operators.kernels_per_region)."""
-    import torch
+    """--profiler: the graph bodies' kernels per call, from the profiler's events (operators.kernels_of_bodies)."""
     import torch._inductor.config
 
     from models.translate import simulate
     torch._inductor.config.cpp.enable_kernel_profile = True   # (each generated kernel its own profiler event)
-    for name, method in bodies.items():
-        def marked(*a, _body=getattr(dec, method), _name=name, **k):
-            with torch.profiler.record_function(f"graph_kernels::{_name}"):
-                return _body(*a, **k)
-        setattr(dec, method, marked)
-    simulate(dec, lines, batch_size=args.batch)   # (a compiled form compiles here, outside the count)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        simulate(dec, lines, batch_size=args.batch)
-    events = list(prof.profiler.kineto_results.events())
+    per_method = operators.kernels_of_bodies(dec, bodies.values(), lambda: simulate(dec, lines, batch_size=args.batch))
     print(f"tree {args.tree}, form {args.form}, {args.linears} linears, {len(lines)} sentences in one batch, "
           "word by word; kernels counted under the profiler")
     print("| graph body | calls | kernels per call: median | min | max |")
     print("|---|---:|---:|---:|---:|")
     out = {}
-    for name in bodies:
-        n = operators.kernels_per_region(events, f"graph_kernels::{name}")
+    for name, method in bodies.items():
+        n = per_method[method]
         if not n:
             print(f"| {name} | 0 | | | |")
             continue

@@ -124,19 +124,10 @@ def test_one_gather_over_every_layer_writes_what_the_per_layer_gathers_write(pie
 
 
 def profiled_kernels(dec, methods=("_graph_step", "_encode_core")) -> dict[str, list[int]]:
-    """SENTENCES translated twice (batch 4; a compiled body compiles in the first), the second time under the
-    profiler with each graph body a region: per body, the kernels of each call (operators.kernels_per_region)."""
-    from models.benchmarks.operators import kernels_per_region
-    for method in methods:
-        def marked(*a, _body=getattr(dec, method), _method=method, **k):
-            with torch.profiler.record_function(f"test::{_method}"):
-                return _body(*a, **k)
-        setattr(dec, method, marked)
-    simulate(dec, SENTENCES, batch_size=4)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        simulate(dec, SENTENCES, batch_size=4)
-    events = list(prof.profiler.kineto_results.events())
-    return {method: kernels_per_region(events, f"test::{method}") for method in methods}
+    """SENTENCES translated (batch 4) with the kernels of each call of the graph bodies counted from the profiler
+    (operators.kernels_of_bodies, what recipes/graph_kernels.py --profiler runs)."""
+    from models.benchmarks.operators import kernels_of_bodies
+    return kernels_of_bodies(dec, methods, lambda: simulate(dec, SENTENCES, batch_size=4))
 
 
 def test_the_profilers_kernel_count_is_the_dispatch_count(piece_tok, one_torch_thread):

@@ -72,6 +72,24 @@ def kernels_per_region(events, region: str, counts=launches_kernel) -> list[int]
     return counts
 
 
+def kernels_of_bodies(dec, methods, run) -> dict[str, list[int]]:
+    """`run()` twice (a compiled body compiles in the first), the second time under torch.profiler with each of
+    `dec`'s `methods` (its graph bodies) marked as a region: per method, the kernels of each call
+    (kernels_per_region). Inductor's CPU kernels are events of their own only where
+    torch._inductor.config.cpp.enable_kernel_profile was set when they were generated."""
+    import torch
+    for method in methods:
+        def marked(*a, _body=getattr(dec, method), _method=method, **k):
+            with torch.profiler.record_function(f"body::{_method}"):
+                return _body(*a, **k)
+        setattr(dec, method, marked)
+    run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    events = list(prof.profiler.kineto_results.events())
+    return {method: kernels_per_region(events, f"body::{method}") for method in methods}
+
+
 def computing_operators(code_root: str):
     """A dispatch mode that counts the operators that compute, by name and by the line of the code under
     `code_root` that called them: what a GPU runs as kernels, the views (outputs that share an input's memory,
