@@ -12,6 +12,8 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
+import torch
+
 from models.step import StreamingDecoder
 from models.decoding import add_decoding_arguments, decoding_options
 from models.step_form import add_step_argument
@@ -47,6 +49,7 @@ class SentenceResult:
         return json.dumps(d, ensure_ascii=False)
 
 
+@torch.inference_mode()   # (once for the whole loop: each step's launch and collect then skip entering it)
 def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=None, beam: int = 1,
              whole_sentence: bool = False, chunks: list[list[int]] | None = None,
              batch_size: int = 16, record: bool = False, progress=None, tokens_out: list | None = None,

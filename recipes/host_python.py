@@ -24,15 +24,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.benchmarks.host_overhead import TimedDecoder  # noqa: E402
+from models.benchmarks.host_overhead import ARRIVALS, TimedDecoder  # noqa: E402
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
-from models.translate import simulate  # noqa: E402
 
 
-def measure(decoder: TimedDecoder, sentences: list[str], batch_sizes: list[int], rounds: int) -> dict[int, list]:
-    """µs of host work per step outside the replays, per batch size, one figure per round."""
+def measure(decoder: TimedDecoder, sentences: list[str], batch_sizes: list[int], rounds: int,
+            drive=ARRIVALS["lockstep"]) -> dict[int, list]:
+    """µs of host work per step outside the replays, per batch size, one figure per round; `drive(decoder,
+    sentences, batch)` runs one round (models/benchmarks/host_overhead.ARRIVALS)."""
     graphs, spent = decoder.graphs, [0.0]
     replay = graphs._replay
 
@@ -45,15 +46,15 @@ def measure(decoder: TimedDecoder, sentences: list[str], batch_sizes: list[int],
     graphs._replay = timed
     try:
         for b in batch_sizes:   # first-call costs out of the timings
-            simulate(decoder, sentences, batch_size=b)
+            drive(decoder, sentences[:b], b)
         out: dict[int, list] = {b: [] for b in batch_sizes}
         for _ in range(rounds):
             for b in batch_sizes:
                 decoder.step_seconds, spent[0] = [], 0.0
-                simulate(decoder, sentences, batch_size=b)
+                drive(decoder, sentences, b)
                 n = len(decoder.step_seconds)
                 if not n:
-                    raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
+                    raise RuntimeError("the round made no StreamingDecoder.step call to time")
                 out[b].append({"host_us_per_step": (sum(decoder.step_seconds) - spent[0]) / n * 1e6,
                                "replay_us_per_step": spent[0] / n * 1e6, "steps": n})
         return out
@@ -69,6 +70,9 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--form", default="graphs-encoder", choices=["graphs", "graphs-encoder"])
+    p.add_argument("--arrivals", default="lockstep", choices=sorted(ARRIVALS),
+                   help="lockstep (bench step's small batches) or staggered (its large ones: words out of phase, "
+                        "as many streams as the batch size, most steps encoding)")
     p.add_argument("--json", help="write the figures here too")
     a = p.parse_args()
     batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
@@ -81,9 +85,9 @@ def main() -> None:
     model, tok, _ = load_checkpoint(resolve_checkpoint(a.model))   # (CPU: see the docstring)
     decoder = TimedDecoder(model, tok, form=a.form)
     decoder.capture_graphs(max(batch_sizes), max(batch_sizes))   # as bench step: once, for every size
-    figures = measure(decoder, lines[:a.sentences], batch_sizes, a.rounds)
+    figures = measure(decoder, lines[:a.sentences], batch_sizes, a.rounds, ARRIVALS[a.arrivals])
     print(f"{cpu_summary()['line']}; torch {torch.__version__}; {a.model}, form {a.form} on the CPU, "
-          f"{min(a.sentences, len(lines))} sentences word by word, {a.rounds} rounds")
+          f"{min(a.sentences, len(lines))} sentences word by word, {a.arrivals} arrivals, {a.rounds} rounds")
     print("| batch | steps | host µs/step outside the replays, each round | median | replays µs/step (median) |")
     print("|---:|---:|---|---:|---:|")
     for b, rows in figures.items():

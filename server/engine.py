@@ -35,6 +35,8 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable
 
+import torch
+
 from models.cpu_info import cpu_summary
 from models.metrics.latency import sentence_scores
 from models.policies import Policy, make_policy, policy_class
@@ -299,6 +301,7 @@ class ModelEngine:
         overload); the others met on the way leave the runnable set until a command puts them back."""
         return self._runnable.select(self.max_batch, _can_move)
 
+    @torch.inference_mode(False)
     def _housekeeping(self) -> None:
         """Calls handed to the thread, and the states of streams whose client has gone."""
         while self._calls:
@@ -318,6 +321,12 @@ class ModelEngine:
             self.metrics.cache_slots.labels(self.name).set(self.dec.streams_in_cache)
 
     def _core(self) -> None:
+        # the stepping loop in inference mode once, so that each step's launch and collect skip entering it; the
+        # calls handed to the thread (warm-up, cache shrinking) run outside it, as they would anywhere else
+        with torch.inference_mode():
+            self._stepping()
+
+    def _stepping(self) -> None:
         idle, job = True, None   # job: launched and not yet ended (overlap only)
         while not self._stopping:
             try:

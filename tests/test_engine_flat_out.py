@@ -167,7 +167,13 @@ def test_host_python_times_the_step_outside_the_graphs_replays(tmp_path):
         for f in rounds:
             assert f["host_us_per_step"] > 0 and f["replay_us_per_step"] > 0 and f["steps"] > 0
     assert figures["1"][0]["steps"] > figures["2"][0]["steps"]   # two streams share steps
-    assert "| 1 |" in r.stdout and "| 2 |" in r.stdout
+    assert "| 1 |" in r.stdout and "| 2 |" in r.stdout and "lockstep arrivals" in r.stdout
+    out.unlink()
+    stag = subprocess.run([sys.executable, str(ROOT / "recipes/host_python.py"), "-m", str(tiny), "--source",
+                           str(src), "--arrivals", "staggered", "--batch-sizes", "2", "--rounds", "1", "--json",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert stag.returncode == 0, stag.stderr
+    assert "staggered arrivals" in stag.stdout and json.loads(out.read_text())["2"][0]["host_us_per_step"] > 0
     bad = subprocess.run([sys.executable, str(ROOT / "recipes/host_python.py"), "-m", str(tiny), "--source",
                           str(src), "--batch-sizes", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "batch sizes" in bad.stderr

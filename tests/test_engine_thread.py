@@ -7,27 +7,34 @@ import asyncio
 import json
 import threading
 
+import torch
+
 from test_server import LiveServer, assert_matches, connect, sentence_messages, talk
 from test_streaming_equivalence import SENTENCES
 
 from models.translate import simulate
 
 
-def spy_on_the_decoder(engine) -> list[str]:
-    """Record the thread of every call that reads or changes the decoder's state."""
+def spy_on_the_decoder(engine, modes: list | None = None) -> list[str]:
+    """Record the thread of every call that reads or changes the decoder's state (and in `modes`, each call's
+    name and whether the caller was in torch's inference mode)."""
     names: list[str] = []
     dec = engine.dec
     for attr in ("step", "launch", "collect", "new_stream", "close", "push", "finish"):
         real = getattr(dec, attr)
 
-        def spy(*a, _real=real, **k):
+        def spy(*a, _real=real, _attr=attr, **k):
             names.append(threading.current_thread().name)
+            if modes is not None:
+                modes.append((_attr, torch.is_inference_mode_enabled()))
             return _real(*a, **k)
         setattr(dec, attr, spy)
     real_shrink = dec.pool.shrink
 
     def shrink():
         names.append(threading.current_thread().name)
+        if modes is not None:
+            modes.append(("shrink", torch.is_inference_mode_enabled()))
         return real_shrink()
     dec.pool.shrink = shrink
     return names
@@ -37,7 +44,8 @@ def test_only_the_engine_thread_touches_the_decoder(trained, trained_decoders):
     with LiveServer(models={"gma": str(trained["gma"])}, warmup=False, rate_limit=10000,
                     rate_burst=10000) as srv:
         engine = srv.app.state.server.engines["gma"]
-        names = spy_on_the_decoder(engine)
+        modes = []
+        names = spy_on_the_decoder(engine, modes)
         loop_thread = srv.thread.name
 
         async def main():
@@ -55,6 +63,10 @@ def test_only_the_engine_thread_touches_the_decoder(trained, trained_decoders):
         engine.warmup()                                           # asked from this (test) thread
         asyncio.run_coroutine_threadsafe(engine.shrink_cache(), engine._loop).result(30)
     assert names and set(names) == {f"engine-{engine.name}"}, set(names)
+    # the stepping loop runs in inference mode once (each launch and collect then skips entering it); the calls
+    # handed to the thread (warm-up, shrinking the cache) run outside it
+    stepping = {mode for name, mode in modes if name in ("launch", "collect")}
+    assert stepping == {True} and {mode for name, mode in modes if name == "shrink"} == {False}, modes
     assert loop_thread not in names
     dec = trained_decoders["gma"]
     for (received, code), d in zip(results, (0.5, 1.0, 2.0)):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import torch
+
 from models.step import StreamingDecoder
 from models.translate import SentenceResult
 
@@ -25,6 +27,7 @@ class _Stream:
         self.next, self.compute = first, 0.0
 
 
+@torch.inference_mode()   # (as simulate: once for the loop)
 def staggered(decoder: StreamingDecoder, sentences: list[str], streams: int, gap: int = 4) -> list[SentenceResult]:
     """Translate `sentences` over `streams` concurrent streams with out-of-phase arrivals (module docstring);
     SentenceResult per sentence, in the order given."""
