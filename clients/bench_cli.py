@@ -84,7 +84,12 @@ def register(sub) -> None:
                "                  time the device did nothing before its first activity (host planning and\n"
                "                  launching), between its activities (gaps inside and between graphs and\n"
                "                  copies) and after its last (the read back, the results); the profiler slows\n"
-               "                  the host, so before and after read larger than in the timed rounds",
+               "                  the host, so before and after read larger than in the timed rounds\n"
+               "  host Python / graph launches / waits ms (CUDA, graph forms)  the timed rounds' step wall\n"
+               "                  split by the host's clock: time inside graph.replay() calls (launches),\n"
+               "                  blocked until the device is done (the read back's event, the clock's\n"
+               "                  synchronize: waits), and the rest (host Python: checks, planning, uploads\n"
+               "                  queued, results); the median round's, the three add up to its wall",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--checkpoint", "-m", default="gma_delta1", help="checkpoint dir or shipped name")
     st.add_argument("--source", help="sentences, one per line (default: data/de-en/test.de)")
@@ -223,8 +228,11 @@ def host_overhead_row(r: dict, cuda: bool) -> str:
             if "device_idle_before_ms" in r else "n/a")
     span = f"{r['graph_span_ms_per_step']:.3f}" if "graph_span_ms_per_step" in r else "n/a"
     activities = f"{r['activities_per_step']:.0f}" if "activities_per_step" in r else "n/a"
+    split = (" / ".join(f"{r[k]:.3f}" for k in ("host_python_ms_per_step", "graph_launch_ms_per_step",
+                                                "wait_ms_per_step"))
+             if "host_python_ms_per_step" in r else "n/a")
     extra = (f"{r['launches_per_step']:.1f} | {r['memcpy_per_step']:.1f} | {r['syncs_per_step']:.1f} | "
-             f"{activities} | {span} | {idle} | " if cuda else "")
+             f"{activities} | {span} | {idle} | {split} | " if cuda else "")
     ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
     outside = f"{r['outside_graphs_ms_per_step']:.3f}" if "outside_graphs_ms_per_step" in r else "n/a"
     return (f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | "
@@ -276,10 +284,10 @@ def run_step(args) -> int:
     print("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | "
           "outside graphs ms/step | wall/kernel | operators/step | uploads/step | reads/step | "
           + ("launches/step | memcpy/step | syncs/step | device activities/step | graph span ms/step | "
-             "device idle before / between / after ms | " if cuda else "")
+             "device idle before / between / after ms | host Python / graph launches / waits ms | " if cuda else "")
           + "identical | same as first |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-          + ("---:|---:|---:|---:|---:|---:|" if cuda else "") + ":---:|:---:|")
+          + ("---:|---:|---:|---:|---:|---:|---:|" if cuda else "") + ":---:|:---:|")
     for r in host:
         print(host_overhead_row(r, cuda))
     if choice is not None:

@@ -77,6 +77,9 @@ class DecoderGraphs:
         # a benchmark's seconds spent inside the replayed bodies off CUDA (None: not timed): the rest of a step's
         # wall time is the host work a GPU run pays as well (models/benchmarks/host_overhead.py)
         self.eager_seconds: float | None = None
+        # a benchmark's host seconds inside graph.replay() on CUDA (None: not timed): the launches' own host cost,
+        # which grows with a graph's kernels
+        self.launch_seconds: float | None = None
         self.mempool = torch.cuda.graph_pool_handle() if self.cuda else None
         # every graph's inputs, at fixed places of one buffer (a step uploads into it: Upload.place)
         self.inputs = GraphInputs(decoder.device, self.sizes[-1], len(decoder._scratch_fresh), max(self.widths or [0]))
@@ -188,7 +191,12 @@ class DecoderGraphs:
                 self.eager_seconds += time.perf_counter() - t0
             return result
         if self.spans is None:
-            graph.replay()
+            if self.launch_seconds is None:
+                graph.replay()
+            else:
+                t0 = time.perf_counter()
+                graph.replay()
+                self.launch_seconds += time.perf_counter() - t0
             return out
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -111,6 +111,7 @@ class StreamingDecoder:
         self._scratch_change = self._scratch_fresh = None   # (its padding rows: _static_shapes)
         self.graphs = None   # models/cuda_graphs.py: the decoder step's captured graphs (capture_graphs)
         self.readback = Readback()   # pinned buffers the decisions come back in (CUDA)
+        self.wait_seconds: float | None = None   # a benchmark's host seconds waiting for the read back (None: untimed)
         # the slot fields a new stream's policy sets (one policy class per model: the same for every stream)
         self.slot_names = list(make_policy(self.cfg).slot_values())
         if self.form.static_shapes:
@@ -586,7 +587,12 @@ class StreamingDecoder:
         count padding rows past the batch."""
         if pending.readback is None:
             return pending.decided.tolist()
-        pending.readback[1].synchronize()   # (its event: recorded behind the copy)
+        if self.wait_seconds is None:
+            pending.readback[1].synchronize()   # (its event: recorded behind the copy)
+        else:
+            t0 = time.perf_counter()
+            pending.readback[1].synchronize()
+            self.wait_seconds += time.perf_counter() - t0
         decided = pending.decided.tolist()
         self.readback.give(pending.readback)   # (read: the buffer may take the next step's decisions)
         pending.readback = None

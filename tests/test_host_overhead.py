@@ -116,7 +116,8 @@ def test_timed_steps_are_marked_for_the_profiler_only_when_asked(word_tok):
 
 def test_a_cuda_row_of_the_table_gives_the_device_idle_parts():
     """bench step's row on CUDA: the device's idle time before / between / after its activities per step, or
-    n/a where the profile marked no step; a CPU row has no CUDA columns."""
+    n/a where the profile marked no step; the host's split of the wall (graph forms); a CPU row has no CUDA
+    columns."""
     from clients.bench_cli import host_overhead_row
     row = {"path": "graphs-encoder", "batch_size": 8, "steps": 103, "encoding_share": 0.17, "step_wall_ms": 0.74,
            "kernel_ms_per_step": 0.458, "wall_over_kernel": 1.62, "operators_per_step": 8, "uploads_per_step": 0,
@@ -124,8 +125,11 @@ def test_a_cuda_row_of_the_table_gives_the_device_idle_parts():
     cuda = {**row, "launches_per_step": 1.0, "memcpy_per_step": 1.7, "syncs_per_step": 0.8}
     timed = {**cuda, "device_idle_before_ms": 0.1, "device_idle_between_ms": 0.125, "device_idle_after_ms": 0.05,
              "activities_per_step": 212.4, "graph_span_ms_per_step": 0.6125}
-    assert "| 1.0 | 1.7 | 0.8 | 212 | 0.613 | 0.100 / 0.125 / 0.050 | yes | yes |" in host_overhead_row(timed, True)
-    assert "| 0.8 | n/a | n/a | n/a | yes |" in host_overhead_row(cuda, True)
+    assert ("| 1.0 | 1.7 | 0.8 | 212 | 0.613 | 0.100 / 0.125 / 0.050 | n/a | yes | yes |"
+            in host_overhead_row(timed, True))
+    assert "| 0.8 | n/a | n/a | n/a | n/a | yes |" in host_overhead_row(cuda, True)
+    split = {**timed, "host_python_ms_per_step": 0.1004, "graph_launch_ms_per_step": 0.0216, "wait_ms_per_step": 0.618}
+    assert "| 0.100 / 0.125 / 0.050 | 0.100 / 0.022 / 0.618 | yes | yes |" in host_overhead_row(split, True)
     cpu = host_overhead_row(row, False)
     assert cpu.count("|") == 15 and "| 0.282 | n/a | 1.62x |" in cpu   # (host ms: wall less kernel; not a graph form)
     assert "| 0.282 | 0.127 | 1.62x |" in host_overhead_row({**row, "outside_graphs_ms_per_step": 0.1274}, False)
@@ -168,19 +172,29 @@ def test_host_overhead_rows(word_tok):
     assert rows[0]["steps"] > rows[1]["steps"]   # batching 3 streams per step needs fewer steps
 
 
-def test_a_graph_form_row_gives_the_time_outside_its_graphs(word_tok):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_a_graph_form_row_gives_the_time_outside_its_graphs(word_tok, device):
     """Off CUDA the graph forms replay their bodies eagerly; the row's `outside graphs` time is the wall less those
     bodies: more than nothing (the step plans, uploads, applies results), less than the wall (the bodies are
-    most of it). A form without graphs has no such figure."""
+    most of it). A form without graphs has no such figure. On CUDA the graph rows also split the wall by the
+    host's clock into host Python, graph launches and waits for the device, which add up to the median round's
+    wall (3 rounds: the median is one of them)."""
     dec = random_decoder(word_tok, "waitk", seed=4)
     sentences = [s for s, _ in make_pairs(6, seed=5)]
-    rows = bench_host_overhead(dec.model, word_tok, sentences, batch_sizes=(1, 4), sentences=4, rounds=1,
-                               paths=("graphs-encoder", "sync-free"))
+    rows = bench_host_overhead(dec.model.to(device), word_tok, sentences, batch_sizes=(1, 4), sentences=4,
+                               rounds=3 if device == "cuda" else 1, paths=("graphs-encoder", "sync-free"))
     graphs = [r for r in rows if r["path"] == "graphs-encoder"]
     assert len(graphs) == 2 and all(r["identical"] and r["same_as_first"] for r in rows)
     for r in graphs:
         assert 0 < r["outside_graphs_ms_per_step"] < r["step_wall_ms"]
-    assert all("outside_graphs_ms_per_step" not in r for r in rows if r["path"] == "sync-free")
+        parts = [r.get(k) for k in ("host_python_ms_per_step", "graph_launch_ms_per_step", "wait_ms_per_step")]
+        if device == "cuda":
+            assert all(p > 0 for p in parts) and sum(parts) == pytest.approx(r["step_wall_ms"], rel=1e-6), parts
+        else:
+            assert parts == [None] * 3
+    assert all("outside_graphs_ms_per_step" not in r and "host_python_ms_per_step" not in r
+               for r in rows if r["path"] == "sync-free")
 
 
 # ---------------------------------------------------------------- the real command line

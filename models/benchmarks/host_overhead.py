@@ -34,7 +34,12 @@ every value read back also makes the host wait for the device. This module measu
   graph forms, **graph span ms/step**: CUDA events around every replay in one more unprofiled round, the device
   time from a graph's first kernel's start to its last's end, the gaps between its kernels included. A span
   well above the kernel time says the device, not the host, spends the difference (a graph of many small
-  kernels): fewer, fused kernels would cut it, host work would not.
+  kernels): fewer, fused kernels would cut it, host work would not;
+- on CUDA, for the graph forms, the timed rounds' wall split three ways by the host's clock: **graph launches**
+  (the host's time inside `graph.replay()`, which grows with a graph's kernels), **waits** (the host blocked
+  until the device is done: the read back's event, then the clock's own synchronize) and **host Python** (the
+  rest: the checks, planning, uploads queued, results applied). Python + launches is the host's own work a
+  step; in a step that waits, the device had work left when the host was done.
 """
 from __future__ import annotations
 
@@ -100,7 +105,10 @@ class TimedDecoder(StreamingDecoder):
         t0 = time.perf_counter()
         out = super().step(*args, **kwargs)
         if self.sync_each_step:
+            t1 = time.perf_counter()
             torch.cuda.synchronize(self.device)
+            if self.wait_seconds is not None:   # (the step's read back waited already: this is what was left)
+                self.wait_seconds += time.perf_counter() - t1
         self.step_seconds.append(time.perf_counter() - t0)
         return out
 
@@ -240,22 +248,30 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
         if dec.compiled:   # (and of the profiled round, whose read counter is a mode dynamo compiles for apart)
             with _CountReads():
                 drive(dec, chosen[:b], b)
-        wall, timed, outside = [], None, []
+        wall, timed, outside, split = [], None, [], []
         eager_graphs = dec.graphs is not None and not dec.graphs.cuda
+        cuda_graphs = dec.graphs is not None and dec.graphs.cuda
         for _ in range(rounds):
             dec.step_seconds, dec.encoding_steps = [], 0
             if eager_graphs:
                 dec.graphs.eager_seconds = 0.0
+            if cuda_graphs:   # the host's own time apart from its graph launches and its waits for the device
+                dec.graphs.launch_seconds, dec.wait_seconds = 0.0, 0.0
             try:
                 timed = outputs(drive(dec, chosen, b))
             finally:
-                inside = 0.0
+                inside = launched = waited = 0.0
                 if eager_graphs:
                     inside, dec.graphs.eager_seconds = dec.graphs.eager_seconds, None
+                if cuda_graphs:
+                    launched, waited = dec.graphs.launch_seconds, dec.wait_seconds
+                    dec.graphs.launch_seconds = dec.wait_seconds = None
             if not dec.step_seconds:   # the clock sits on step(); a loop that bypasses it measures nothing
                 raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
             wall.append(statistics.mean(dec.step_seconds))
             outside.append((sum(dec.step_seconds) - inside) / len(dec.step_seconds))
+            n_steps = len(dec.step_seconds)
+            split.append(((sum(dec.step_seconds) - launched - waited) / n_steps, launched / n_steps, waited / n_steps))
             steps = len(dec.step_seconds)
             encoding = dec.encoding_steps / steps
             if progress is not None:
@@ -296,6 +312,10 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
             row["outside_graphs_ms_per_step"] = statistics.median(outside) * 1000
         elif span is not None:
             row["outside_graphs_ms_per_step"] = row["step_wall_ms"] - span
+        if cuda_graphs:   # the median round's (the lower middle one of an even count): the three add up to its wall
+            at = sorted(range(len(wall)), key=wall.__getitem__)[(len(wall) - 1) // 2]
+            row["host_python_ms_per_step"], row["graph_launch_ms_per_step"], row["wait_ms_per_step"] = (
+                x * 1000 for x in split[at])
         kernel = row["kernel_ms_per_step"]
         row["wall_over_kernel"] = row["step_wall_ms"] / kernel if kernel > 0 else None
         if cuda:
