@@ -301,16 +301,18 @@ class ModelEngine:
         overload); the others met on the way leave the runnable set until a command puts them back."""
         return self._runnable.select(self.max_batch, _can_move)
 
-    @torch.inference_mode(False)
     def _housekeeping(self) -> None:
-        """Calls handed to the thread, and the states of streams whose client has gone."""
-        while self._calls:
-            fn, f = self._calls.popleft()
-            if f.set_running_or_notify_cancel():
-                try:
-                    f.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - the caller gets it
-                    f.set_exception(e)
+        """Calls handed to the thread (outside inference mode, as anywhere else), and the states of streams whose
+        client has gone. (Runs between most jobs: nothing to do costs two tests, no context manager.)"""
+        if self._calls:
+            with torch.inference_mode(False):
+                while self._calls:
+                    fn, f = self._calls.popleft()
+                    if f.set_running_or_notify_cancel():
+                        try:
+                            f.set_result(fn())
+                        except BaseException as e:  # noqa: BLE001 - the caller gets it
+                            f.set_exception(e)
         freed = False
         while self._detached:
             h = self._detached.popleft()
