@@ -74,12 +74,10 @@ class DecoderGraphs:
         self.encoder_replays = 0
         # a benchmark's list of (start, end) CUDA events around every replay (None: not timed; an event costs host time)
         self.spans: list | None = None
-        # a benchmark's seconds spent inside the replayed bodies off CUDA (None: not timed): the rest of a step's
-        # wall time is the host work a GPU run pays as well (models/benchmarks/host_overhead.py)
-        self.eager_seconds: float | None = None
-        # a benchmark's host seconds inside graph.replay() on CUDA (None: not timed): the launches' own host cost,
-        # which grows with a graph's kernels
-        self.launch_seconds: float | None = None
+        # a benchmark's host seconds inside the replays (None: not timed; models/benchmarks/host_overhead.py): off
+        # CUDA the bodies run eagerly, and the rest of a step's wall is the host work a GPU run pays as well; on CUDA
+        # it is graph.replay()'s own host cost (the launch, which grows with a graph's kernels)
+        self.replay_seconds: float | None = None
         self.mempool = torch.cuda.graph_pool_handle() if self.cuda else None
         # every graph's inputs, at fixed places of one buffer (a step uploads into it: Upload.place)
         self.inputs = GraphInputs(decoder.device, self.sizes[-1], len(decoder._scratch_fresh), max(self.widths or [0]))
@@ -183,27 +181,23 @@ class DecoderGraphs:
             if x is not buffer:
                 buffer.copy_(x)
                 self.copies += 1
-        if graph is None:   # (marked, so that an operator count can tell what a GPU would replay: REPLAYED)
-            t0 = time.perf_counter() if self.eager_seconds is not None else None   # (the mark too: a GPU has none)
-            with torch.profiler.record_function(REPLAYED):
+        t0 = time.perf_counter() if self.replay_seconds is not None else None
+        if graph is None:   # (marked, so that an operator count can tell what a GPU would replay: REPLAYED; the mark
+            with torch.profiler.record_function(REPLAYED):   # is timed too: a GPU has none)
                 result = out(*static)
-            if t0 is not None:
-                self.eager_seconds += time.perf_counter() - t0
-            return result
-        if self.spans is None:
-            if self.launch_seconds is None:
-                graph.replay()
-            else:
-                t0 = time.perf_counter()
-                graph.replay()
-                self.launch_seconds += time.perf_counter() - t0
-            return out
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        self.spans.append((start, end))
-        return out
+        elif self.spans is None:
+            graph.replay()
+            result = out
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            self.spans.append((start, end))
+            result = out
+        if t0 is not None:
+            self.replay_seconds += time.perf_counter() - t0
+        return result
 
     def span_seconds(self) -> float:
         """The device time between the start and the end of every timed replay (`spans`), gaps between a graph's

@@ -1,9 +1,7 @@
 """How many times graphs-fused compiles its two steps while a CUDA capture warms every shape, counted on any machine.
 
-A capture runs each graph body for every (batch, cache length[, chunk width]) before recording it
-(models/cuda_graphs.py), so that is where inductor compiles. This runs the same bodies in the same order (largest
-first) under the capture's rule (past dynamo's recompile limit: an error, not a silent fall back to eager) and
-prints, per compiled function, the variants dynamo made, and the time the warm-ups took:
+The warm-ups a capture runs, in its order and under its rule (models/benchmarks/compile_variants.py); prints, per
+compiled function, the variants dynamo made, and the time the warm-ups took:
 
     python recipes/compile_variants.py [--checkpoint gma_delta1] [--streams 64] [--duck-shapes]
 

@@ -4,8 +4,8 @@ ms/step" on a GPU would be if the device were infinitely fast and every copy fre
     python recipes/host_python.py                       # gma_delta1, 8 sentences, batches 1 and 8, 5 rounds
 
 Each step's wall time (`StreamingDecoder.step`, as `bench step` times it) less the time spent in the graphs'
-replays (`CapturedSteps._replay`: copying the inputs in and running the graph; on the CPU the same shapes run
-eagerly there). What is left is the step's own host work: the checks of every stream, planning the encoder and
+replays (`DecoderGraphs.replay_seconds`: running the graph bodies, which on the CPU run eagerly at the same
+shapes). What is left is the step's own host work: the checks of every stream, planning the encoder and
 decoder rows, the one upload, reading the decisions back and applying them (tokens, words). On a GPU the
 replay is a launch and the read back waits for the device, so this split only means something on the CPU;
 there it says how the host's Python grows with the batch, which `bench step` on a GPU cannot tell apart from
@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,33 +32,25 @@ from models.shipped import resolve_checkpoint  # noqa: E402
 def measure(decoder: TimedDecoder, sentences: list[str], batch_sizes: list[int], rounds: int,
             drive=ARRIVALS["lockstep"]) -> dict[int, list]:
     """µs of host work per step outside the replays, per batch size, one figure per round; `drive(decoder,
-    sentences, batch)` runs one round (models/benchmarks/host_overhead.ARRIVALS)."""
-    graphs, spent = decoder.graphs, [0.0]
-    replay = graphs._replay
-
-    def timed(*args):
-        t0 = time.perf_counter()
-        try:
-            return replay(*args)
-        finally:
-            spent[0] += time.perf_counter() - t0
-    graphs._replay = timed
+    sentences, batch)` runs one round (models/benchmarks/host_overhead.ARRIVALS). The replays are clocked by the
+    graphs themselves (`DecoderGraphs.replay_seconds`, as bench step's `outside graphs` column)."""
+    graphs = decoder.graphs
+    for b in batch_sizes:   # first-call costs out of the timings
+        drive(decoder, sentences[:b], b)
+    out: dict[int, list] = {b: [] for b in batch_sizes}
     try:
-        for b in batch_sizes:   # first-call costs out of the timings
-            drive(decoder, sentences[:b], b)
-        out: dict[int, list] = {b: [] for b in batch_sizes}
         for _ in range(rounds):
             for b in batch_sizes:
-                decoder.step_seconds, spent[0] = [], 0.0
+                decoder.step_seconds, graphs.replay_seconds = [], 0.0
                 drive(decoder, sentences, b)
-                n = len(decoder.step_seconds)
+                n, spent = len(decoder.step_seconds), graphs.replay_seconds
                 if not n:
                     raise RuntimeError("the round made no StreamingDecoder.step call to time")
-                out[b].append({"host_us_per_step": (sum(decoder.step_seconds) - spent[0]) / n * 1e6,
-                               "replay_us_per_step": spent[0] / n * 1e6, "steps": n})
+                out[b].append({"host_us_per_step": (sum(decoder.step_seconds) - spent) / n * 1e6,
+                               "replay_us_per_step": spent / n * 1e6, "steps": n})
         return out
     finally:
-        del graphs._replay   # (the instance attribute: the class's method again)
+        graphs.replay_seconds = None
 
 
 def main() -> None:

@@ -248,36 +248,32 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
         if dec.compiled:   # (and of the profiled round, whose read counter is a mode dynamo compiles for apart)
             with _CountReads():
                 drive(dec, chosen[:b], b)
-        wall, timed, outside, split = [], None, [], []
-        eager_graphs = dec.graphs is not None and not dec.graphs.cuda
-        cuda_graphs = dec.graphs is not None and dec.graphs.cuda
+        # per round, seconds a step: (wall less the replays and the waits, in the replays, waiting for the device).
+        # Off CUDA the replays are the eager graph bodies and nothing waits: the first is the `outside graphs` time;
+        # on CUDA they split the wall into host Python, graph launches and waits
+        wall, timed, split = [], None, []
+        graphed = dec.graphs is not None
         for _ in range(rounds):
             dec.step_seconds, dec.encoding_steps = [], 0
-            if eager_graphs:
-                dec.graphs.eager_seconds = 0.0
-            if cuda_graphs:   # the host's own time apart from its graph launches and its waits for the device
-                dec.graphs.launch_seconds, dec.wait_seconds = 0.0, 0.0
+            if graphed:
+                dec.graphs.replay_seconds, dec.wait_seconds = 0.0, 0.0
             try:
                 timed = outputs(drive(dec, chosen, b))
             finally:
-                inside = launched = waited = 0.0
-                if eager_graphs:
-                    inside, dec.graphs.eager_seconds = dec.graphs.eager_seconds, None
-                if cuda_graphs:
-                    launched, waited = dec.graphs.launch_seconds, dec.wait_seconds
-                    dec.graphs.launch_seconds = dec.wait_seconds = None
+                replayed = waited = 0.0
+                if graphed:
+                    replayed, waited = dec.graphs.replay_seconds, dec.wait_seconds
+                    dec.graphs.replay_seconds = dec.wait_seconds = None
             if not dec.step_seconds:   # the clock sits on step(); a loop that bypasses it measures nothing
                 raise RuntimeError("simulate() made no StreamingDecoder.step call to time")
-            wall.append(statistics.mean(dec.step_seconds))
-            outside.append((sum(dec.step_seconds) - inside) / len(dec.step_seconds))
-            n_steps = len(dec.step_seconds)
-            split.append(((sum(dec.step_seconds) - launched - waited) / n_steps, launched / n_steps, waited / n_steps))
-            steps = len(dec.step_seconds)
+            total, steps = sum(dec.step_seconds), len(dec.step_seconds)
+            wall.append(total / steps)
+            split.append(((total - replayed - waited) / steps, replayed / steps, waited / steps))
             encoding = dec.encoding_steps / steps
             if progress is not None:
                 progress.update(1)
         span = None
-        if cuda and dec.graphs is not None and dec.graphs.cuda:
+        if cuda and graphed:
             # one more round with an event pair around every replay: the graphs' device span per step, gaps
             # between their kernels included (the profiled round's kernel time leaves them out)
             dec.step_seconds, dec.graphs.spans = [], []
@@ -308,11 +304,11 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
                "profiled_sentences": len(profiled), "_outputs": timed}
         # the step's time outside its graphs: on the CPU the wall less the graphs' eager bodies (the host work a GPU
         # run pays too: planning, uploads, copies, results), on CUDA the wall less the graphs' device span
-        if eager_graphs:
-            row["outside_graphs_ms_per_step"] = statistics.median(outside) * 1000
+        if graphed and not cuda:
+            row["outside_graphs_ms_per_step"] = statistics.median(python for python, _, _ in split) * 1000
         elif span is not None:
             row["outside_graphs_ms_per_step"] = row["step_wall_ms"] - span
-        if cuda_graphs:   # the median round's (the lower middle one of an even count): the three add up to its wall
+        if graphed and cuda:   # the median round's (the lower middle of an even count): the three add up to its wall
             at = sorted(range(len(wall)), key=wall.__getitem__)[(len(wall) - 1) // 2]
             row["host_python_ms_per_step"], row["graph_launch_ms_per_step"], row["wait_ms_per_step"] = (
                 x * 1000 for x in split[at])
