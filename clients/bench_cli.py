@@ -106,11 +106,15 @@ def register(sub) -> None:
                          "here), host (CPU shortcuts), sync-free (the GPU form), static (sync-free, padded "
                          "shapes), compiled (static + torch.compile; CUDA graphs on CUDA), int8 (int8 weights, "
                          "CPU), plain (no fast path); models/step_form.py. Default: default")
-    st.add_argument("--arrivals", choices=("lockstep", "staggered"), default="lockstep",
+    st.add_argument("--arrivals", choices=("lockstep", "staggered", "overlapped"), default="lockstep",
                     help="how words reach the streams of the host overhead table: lockstep (default: batches "
                          "of sentences, every waiting stream's next word at once, so a round's first step "
-                         "encodes and the others only write) or staggered (as many streams as the batch size, "
-                         "each one word every 4 steps, out of phase, as in a server: most steps encode)")
+                         "encodes and the others only write), staggered (as many streams as the batch size, "
+                         "each one word every 4 steps, out of phase, as in a server: most steps encode) or "
+                         "overlapped (two lockstep groups of the batch size, one's step launched before the "
+                         "other's is collected, as the server's jobs on a GPU: step wall is the time in their launch "
+                         "and collect calls over the steps, one group's host work hidden behind the other's "
+                         "kernels; give at least twice the batch size in --sentences)")
     st.add_argument("--gemm", action="store_true",
                     help="also: GFLOP/s of single linears on the CPU (the matrix units' rate) in float32 and "
                          "bfloat16")

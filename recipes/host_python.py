@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.benchmarks.host_overhead import ARRIVALS, TimedDecoder  # noqa: E402
+from models.benchmarks.host_overhead import ARRIVALS, LANES, TimedDecoder  # noqa: E402
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
@@ -62,8 +62,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--form", default="graphs-encoder", choices=["graphs", "graphs-encoder"])
     p.add_argument("--arrivals", default="lockstep", choices=sorted(ARRIVALS),
-                   help="lockstep (bench step's small batches) or staggered (its large ones: words out of phase, "
-                        "as many streams as the batch size, most steps encoding)")
+                   help="lockstep (bench step's small batches), staggered (its large ones: words out of phase, "
+                        "as many streams as the batch size, most steps encoding) or overlapped (two lockstep "
+                        "groups, one's step launched before the other's is collected)")
     p.add_argument("--json", help="write the figures here too")
     a = p.parse_args()
     batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
@@ -75,7 +76,7 @@ def main() -> None:
     torch.set_num_threads(1)   # (the server's engine on a GPU steps on one thread too)
     model, tok, _ = load_checkpoint(resolve_checkpoint(a.model))   # (CPU: see the docstring)
     decoder = TimedDecoder(model, tok, form=a.form)
-    decoder.capture_graphs(max(batch_sizes), max(batch_sizes))   # as bench step: once, for every size
+    decoder.capture_graphs(max(batch_sizes) * LANES.get(a.arrivals, 1), max(batch_sizes))   # as bench step
     figures = measure(decoder, lines[:a.sentences], batch_sizes, a.rounds, ARRIVALS[a.arrivals])
     print(f"{cpu_summary()['line']}; torch {torch.__version__}; {a.model}, form {a.form} on the CPU, "
           f"{min(a.sentences, len(lines))} sentences word by word, {a.arrivals} arrivals, {a.rounds} rounds")

@@ -7,7 +7,8 @@ every value read back also makes the host wait for the device. This module measu
 - **step wall ms**: `time.perf_counter()` around every `StreamingDecoder.step` call of an
   un-profiled `simulate` round (on CUDA with a `torch.cuda.synchronize()` before the clock
   stops, so that no queued kernel escapes the step), mean over the round's steps, median of the
-  rounds;
+  rounds; with `--arrivals overlapped` (models/benchmarks/overlapped.py) the steps overlap as the server's jobs
+  do on a GPU, and the step wall is the time in their `launch` and `collect` calls over the steps;
 - **kernel ms per step**, from one `torch.profiler` round over the same sentences:
   on CUDA, the time of every GPU activity (kernels, memcpy, memset) / steps;
   on CPU, the self CPU time of the innermost compute operators / steps (`compute_op_time`);
@@ -205,7 +206,9 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
     chooses them). Every form must write the same as the first (`same_as_first`). arrivals: `lockstep`
     (`simulate`: batches of sentences, every waiting stream's next word at once) or `staggered`
     (models/benchmarks/staggered.py: as many streams as the batch size, words arriving out of phase, as
-    in a server, so that most steps encode)."""
+    in a server, so that most steps encode) or `overlapped` (models/benchmarks/overlapped.py: two lockstep groups
+    of the batch size whose steps overlap, as the server's jobs on a GPU; step wall is the time in their launch
+    and collect calls per step)."""
     if arrivals not in ARRIVALS:
         raise ValueError(f"arrivals: one of {', '.join(ARRIVALS)}")
     chosen = [s for s in source_lines if 0 < len(s.split()) <= max_words][:sentences]
@@ -215,7 +218,7 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
     for path in paths:
         dec = TimedDecoder(model, tok, form=path, options=options)
         if dec.form.graphs:   # captured once for every batch size of the run, as a server does at start-up
-            dec.capture_graphs(max(batch_sizes), max(batch_sizes))
+            dec.capture_graphs(max(batch_sizes) * LANES.get(arrivals, 1), max(batch_sizes))
         for row in _bench_one(dec, chosen, batch_sizes, rounds, progress, ARRIVALS[arrivals]):
             row["path"] = path
             outs = row.pop("_outputs")
@@ -233,7 +236,18 @@ def _staggered(dec, sentences, b):
     return staggered(dec, sentences, streams=b)
 
 
-ARRIVALS = {"lockstep": _lockstep, "staggered": _staggered}
+def _overlapped(dec, sentences, b):
+    from models.benchmarks.overlapped import overlapped
+    results, steps, seconds = overlapped(dec, sentences, b)
+    # (no step() call to clock: the time in its launch and collect calls, where one lane's host work hides behind
+    # the other's kernels, spread evenly over its steps)
+    dec.step_seconds.extend([seconds / steps] * steps)
+    return results
+
+
+# streams in the cache at once, per batch size (a graph form's pool is fixed at capture): two groups overlap
+LANES = {"overlapped": 2}
+ARRIVALS = {"lockstep": _lockstep, "staggered": _staggered, "overlapped": _overlapped}
 
 
 def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int, progress,
