@@ -115,6 +115,9 @@ def register(sub) -> None:
                          "other's is collected, as the server's jobs on a GPU: step wall is the time in their launch "
                          "and collect calls over the steps, one group's host work hidden behind the other's "
                          "kernels; give at least twice the batch size in --sentences)")
+    st.add_argument("--host-only", action="store_true",
+                    help="the host overhead table alone: no fast-against-plain table before it and no --step auto "
+                         "timing after it (a GPU check's extra parts, within their budgets)")
     st.add_argument("--gemm", action="store_true",
                     help="also: GFLOP/s of single linears on the CPU (the matrix units' rate) in float32 and "
                          "bfloat16")
@@ -258,15 +261,17 @@ def run_step(args) -> int:
     lines = _source_lines(args.source)
     where = f"{device}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
     options = decoding_options(args)
-    with tqdm(total=len(sizes) * args.rounds * 2, desc="fast vs plain", unit="run") as bar:
-        rows = bench_fast_paths(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
-                                options=options)
+    rows = []
+    if not args.host_only:
+        with tqdm(total=len(sizes) * args.rounds * 2, desc="fast vs plain", unit="run") as bar:
+            rows = bench_fast_paths(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
+                                    options=options)
     paths = _paths(args.paths)
     with tqdm(total=len(paths) * len(sizes) * (args.rounds + 1), desc="host overhead", unit="run") as bar:
         host = bench_host_overhead(model, tok, lines, sizes, args.sentences, args.rounds, progress=bar,
                                    paths=paths, options=options, arrivals=args.arrivals)
     choice = None
-    if device.type == "cpu":   # what `--step auto` would choose here, timed afresh (not from the cache)
+    if device.type == "cpu" and not args.host_only:   # what `--step auto` would choose here, timed afresh
         from models.step_choice import StepChoice, measure, pick
         timings = measure(model, tok, options)
         choice = StepChoice(*pick(timings), timings)
@@ -274,9 +279,10 @@ def run_step(args) -> int:
     print(f"\n{_machine(device)}")
     print(f"{args.checkpoint} ({model.cfg.policy}, {where}, {args.dtype}, {args.threads} thread(s), "
           f"no_stutter {rules.no_stutter}, no_repeat_ngram {rules.no_repeat_ngram}), "
-          f"{rows[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")
-    print("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |")
-    print("|---:|---:|---:|---:|---:|:---:|")
+          f"{host[0]['sentences']} sentences word by word, median of {args.rounds} alternating rounds")
+    if rows:
+        print("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |")
+        print("|---:|---:|---:|---:|---:|:---:|")
     for r in rows:
         print(f"| {r['batch_size']} | {r['target_tokens']} | {r['fast_ms_per_token']:.2f} | "
               f"{r['plain_ms_per_token']:.2f} | {r['speedup']:.2f}x | {'yes' if r['identical'] else 'NO'} |")

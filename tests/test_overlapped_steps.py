@@ -99,7 +99,7 @@ def test_host_overhead_rows_with_overlapped_steps(word_tok, one_torch_thread):
 
 
 def test_bench_step_takes_overlapped_arrivals(tmp_path, word_tok):
-    """The real command line."""
+    """The real command line, with the host-overhead table alone."""
     import json
     from test_host_overhead import cli
 
@@ -110,9 +110,11 @@ def test_bench_step_takes_overlapped_arrivals(tmp_path, word_tok):
     out = tmp_path / "step.json"
     r = cli("bench", "step", "--device", "cpu", "--checkpoint", str(tmp_path / "gma"), "--source", str(src),
             "--batch-sizes", "1,3", "--sentences", "6", "--rounds", "1", "--arrivals", "overlapped",
-            "--paths", "graphs-encoder", "--json", str(out))
+            "--paths", "graphs-encoder", "--host-only", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "host overhead of the fast step, overlapped arrivals:" in r.stdout
+    # --host-only: that table alone (the GPU check's extra parts)
+    assert "fast ms/token" not in r.stdout and "--step auto here" not in r.stdout
     data = json.loads(out.read_text())
-    assert data["arrivals"] == "overlapped" and len(data["host_overhead"]) == 2
+    assert data["arrivals"] == "overlapped" and len(data["host_overhead"]) == 2 and data["step"] == []
     assert all(h["identical"] and h["outside_graphs_ms_per_step"] > 0 for h in data["host_overhead"])

@@ -188,11 +188,11 @@ step "bench step, float32, large batches, $STEP_ARRIVALS arrivals, forms $STEP_P
   --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda.json"
 OVERLAP_PATHS="${OVERLAP_PATHS:-$STEP_PATHS}"
 step "bench step, float32, small batches, overlapped steps (the server's stepping loop on a GPU), forms $OVERLAP_PATHS" "$((BUDGET_STEP_OVERLAP / 2))" \
-  simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals overlapped \
+  simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals overlapped --host-only \
   --batch-sizes "$SMALL_BATCHES" --sentences "$((2 * SMALL_SENTENCES))" --rounds "$SMALL_ROUNDS" --paths "$OVERLAP_PATHS" \
   --json "$DIR/step_cuda_overlapped_small.json"
 step "bench step, float32, large batches, overlapped steps, forms $OVERLAP_PATHS" "$((BUDGET_STEP_OVERLAP / 2))" \
-  simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals overlapped \
+  simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals overlapped --host-only \
   --batch-sizes "$STEP_BATCHES" --sentences "$((2 * STEP_SENTENCES))" --rounds "$STEP_ROUNDS" --paths "$OVERLAP_PATHS" \
   --json "$DIR/step_cuda_overlapped.json"
 step "CUDA tests of graphs-fused: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py)" "$BUDGET_FUSED_TESTS" \
