@@ -106,7 +106,7 @@ def overlapped(decoder: StreamingDecoder, sentences: list[str], batch: int) -> t
                     pending[j] = decoder.launch(states)
                     seconds += clock() - t0
                     steps += 1
-            if pending == [None, None]:
+            if all(p is None for p in pending):
                 break
         if decoder.device.type == "cuda":   # (every collect waited for its step already: this is what was left)
             t0 = clock()
