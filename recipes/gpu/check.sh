@@ -62,7 +62,7 @@ BUDGET_STEP_FUSED="${BUDGET_STEP_FUSED:-0}"
 # bench step with overlapped steps (--arrivals overlapped: two lockstep groups, one's step launched before the other's
 # is collected, as the server's jobs on a GPU): the stepping loop's wall per step against the same kernels, at
 # SMALL_BATCHES over twice SMALL_SENTENCES and at STEP_BATCHES over twice STEP_SENTENCES, forms OVERLAP_PATHS;
-# halved between the two like BUDGET_STEP; 120 runs it (not yet run on a GPU)
+# a third to the small batches (few steps) and the rest to the large; 120 runs it (not yet run on a GPU)
 BUDGET_STEP_OVERLAP="${BUDGET_STEP_OVERLAP:-0}"
 BUDGET_STEP_TRACE="${BUDGET_STEP_TRACE:-0}"   # recipes/gpu/step_trace.py at SMALL_BATCHES: traces and the gaps per step; 40 runs it
 BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
@@ -187,11 +187,11 @@ step "bench step, float32, large batches, $STEP_ARRIVALS arrivals, forms $STEP_P
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals "$STEP_ARRIVALS" \
   --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds "$STEP_ROUNDS" --paths "$STEP_PATHS" --json "$DIR/step_cuda.json"
 OVERLAP_PATHS="${OVERLAP_PATHS:-$STEP_PATHS}"
-step "bench step, float32, small batches, overlapped steps (the server's stepping loop on a GPU), forms $OVERLAP_PATHS" "$((BUDGET_STEP_OVERLAP / 2))" \
+step "bench step, float32, small batches, overlapped steps (the server's stepping loop on a GPU), forms $OVERLAP_PATHS" "$((BUDGET_STEP_OVERLAP / 3))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals overlapped --host-only \
   --batch-sizes "$SMALL_BATCHES" --sentences "$((2 * SMALL_SENTENCES))" --rounds "$SMALL_ROUNDS" --paths "$OVERLAP_PATHS" \
   --json "$DIR/step_cuda_overlapped_small.json"
-step "bench step, float32, large batches, overlapped steps, forms $OVERLAP_PATHS" "$((BUDGET_STEP_OVERLAP / 2))" \
+step "bench step, float32, large batches, overlapped steps, forms $OVERLAP_PATHS" "$((BUDGET_STEP_OVERLAP - BUDGET_STEP_OVERLAP / 3))" \
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals overlapped --host-only \
   --batch-sizes "$STEP_BATCHES" --sentences "$((2 * STEP_SENTENCES))" --rounds "$STEP_ROUNDS" --paths "$OVERLAP_PATHS" \
   --json "$DIR/step_cuda_overlapped.json"
