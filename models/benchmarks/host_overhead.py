@@ -204,7 +204,7 @@ def bench_host_overhead(model, tok, source_lines: list[str], batch_sizes=(1, 8, 
     its kernel time, and the host↔device traffic per step (module docstring), over the first
     `sentences` source lines of 1-`max_words` words arriving word by word (as `bench_fast_paths`
     chooses them). Every form must write the same as the first (`same_as_first`). arrivals: `lockstep`
-    (`simulate`: batches of sentences, every waiting stream's next word at once) or `staggered`
+    (`simulate`: batches of sentences, every waiting stream's next word at once), `staggered`
     (models/benchmarks/staggered.py: as many streams as the batch size, words arriving out of phase, as
     in a server, so that most steps encode) or `overlapped` (models/benchmarks/overlapped.py: two lockstep groups
     of the batch size whose steps overlap, as the server's jobs on a GPU; step wall is the time in their launch
@@ -241,7 +241,8 @@ def _overlapped(dec, sentences, b):
     results, steps, seconds = overlapped(dec, sentences, b)
     # (no step() call to clock: the time in its launch and collect calls, where one lane's host work hides behind
     # the other's kernels, spread evenly over its steps)
-    dec.step_seconds.extend([seconds / steps] * steps)
+    if steps:
+        dec.step_seconds.extend([seconds / steps] * steps)
     return results
 
 
