@@ -587,16 +587,27 @@ class StreamingDecoder:
         count padding rows past the batch."""
         if pending.readback is None:
             return pending.decided.tolist()
-        if self.wait_seconds is None:
-            pending.readback[1].synchronize()   # (its event: recorded behind the copy)
-        else:
-            t0 = time.perf_counter()
-            pending.readback[1].synchronize()
-            self.wait_seconds += time.perf_counter() - t0
+        self._wait(pending.readback[1].synchronize)   # (its event: recorded behind the copy)
         decided = pending.decided.tolist()
         self.readback.give(pending.readback)   # (read: the buffer may take the next step's decisions)
         pending.readback = None
         return decided
+
+    def _wait(self, wait) -> None:
+        """`wait()`, which blocks until the device has done something; its time on a benchmark's wait clock
+        (`wait_seconds`) when one is kept."""
+        if self.wait_seconds is None:
+            wait()
+            return
+        t0 = time.perf_counter()
+        wait()
+        self.wait_seconds += time.perf_counter() - t0
+
+    def synchronize(self) -> None:
+        """Wait until the device has run everything queued (CUDA; elsewhere the work is done already), on the wait
+        clock as the read back's waits are (a benchmark's clock that stops only once the device is done)."""
+        if self.device.type == "cuda":
+            self._wait(functools.partial(torch.cuda.synchronize, self.device))
 
     def _results(self, states: list[StreamState], decided: list[list[int]], out: DecodeOutput | None,
                  index: list[int], outputs: list) -> None:

@@ -98,6 +98,22 @@ def test_device_timeline_splits_each_steps_idle_device_time():
     assert device_timeline([], device)["steps"] == 0
 
 
+def test_waits_go_on_the_wait_clock_only_when_one_is_kept(word_tok):
+    """The read back's event and a clock's synchronize share one way onto `wait_seconds`: timed when a benchmark
+    keeps the clock, untouched (None) otherwise; off CUDA there is nothing to synchronize."""
+    import time as clock
+    dec = random_decoder(word_tok, "waitk", seed=4)
+    calls = []
+    dec._wait(lambda: calls.append(1))
+    assert calls == [1] and dec.wait_seconds is None
+    dec.wait_seconds = 0.0
+    dec._wait(lambda: clock.sleep(0.02))
+    assert 0.015 < dec.wait_seconds < 1.0
+    before = dec.wait_seconds
+    dec.synchronize()   # (the CPU: no wait, nothing added)
+    assert dec.wait_seconds == before and dec.device.type == "cpu"
+
+
 def test_timed_steps_are_marked_for_the_profiler_only_when_asked(word_tok):
     """TimedDecoder.mark_steps: one STEP_MARK region per step (the device timeline's windows), none by default
     (a region costs host time in the timed rounds)."""

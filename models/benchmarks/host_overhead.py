@@ -105,11 +105,8 @@ class TimedDecoder(StreamingDecoder):
     def _timed_step(self, *args, **kwargs):
         t0 = time.perf_counter()
         out = super().step(*args, **kwargs)
-        if self.sync_each_step:
-            t1 = time.perf_counter()
-            torch.cuda.synchronize(self.device)
-            if self.wait_seconds is not None:   # (the step's read back waited already: this is what was left)
-                self.wait_seconds += time.perf_counter() - t1
+        if self.sync_each_step:   # (the step's read back waited already: this is what was left)
+            self.synchronize()
         self.step_seconds.append(time.perf_counter() - t0)
         return out
 
