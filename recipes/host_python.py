@@ -24,33 +24,47 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.benchmarks.host_overhead import ARRIVALS, LANES, TimedDecoder  # noqa: E402
+from models.benchmarks.recorded_bodies import RecordedBodies  # noqa: E402
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
 
 
 def measure(decoder: TimedDecoder, sentences: list[str], batch_sizes: list[int], rounds: int,
-            drive=ARRIVALS["lockstep"]) -> dict[int, list]:
+            drive=ARRIVALS["lockstep"], recorded: bool = False) -> dict[int, list]:
     """µs of host work per step outside the replays, per batch size, one figure per round; `drive(decoder,
     sentences, batch)` runs one round (models/benchmarks/host_overhead.ARRIVALS). The replays are clocked by the
-    graphs themselves (`DecoderGraphs.replay_seconds`, as bench step's `outside graphs` column)."""
+    graphs themselves (`DecoderGraphs.replay_seconds`, as bench step's `outside graphs` column). `recorded`: the
+    graphs' bodies run in one untimed round per batch size and the timed rounds return their kept outputs
+    (models/benchmarks/recorded_bodies.py: the host's work with its caches warm)."""
     graphs = decoder.graphs
     for b in batch_sizes:   # first-call costs out of the timings
         drive(decoder, sentences[:b], b)
+    bodies = RecordedBodies(graphs) if recorded else None
+    if bodies is not None:
+        for b in batch_sizes:
+            bodies.record(b)
+            drive(decoder, sentences, b)
     out: dict[int, list] = {b: [] for b in batch_sizes}
     try:
         for _ in range(rounds):
             for b in batch_sizes:
+                if bodies is not None:
+                    bodies.replay(b)
                 decoder.step_seconds, graphs.replay_seconds = [], 0.0
                 drive(decoder, sentences, b)
                 n, spent = len(decoder.step_seconds), graphs.replay_seconds
                 if not n:
                     raise RuntimeError("the round made no StreamingDecoder.step call to time")
+                if bodies is not None and not bodies.finished():
+                    raise RuntimeError("the timed round made fewer replays than the recorded one")
                 out[b].append({"host_us_per_step": (sum(decoder.step_seconds) - spent) / n * 1e6,
                                "replay_us_per_step": spent / n * 1e6, "steps": n})
         return out
     finally:
         graphs.replay_seconds = None
+        if bodies is not None:
+            bodies.restore()
 
 
 def main() -> None:
@@ -65,6 +79,11 @@ def main() -> None:
                    help="lockstep (bench step's small batches), staggered (its large ones: words out of phase, "
                         "as many streams as the batch size, most steps encoding) or overlapped (two lockstep "
                         "groups, one's step launched before the other's is collected)")
+    p.add_argument("--bodies", default="run", choices=["run", "recorded"],
+                   help="run: the graphs' bodies run eagerly in every round (their compute evicts the host's caches "
+                        "between its work); recorded: they run in one untimed round per batch size and the timed "
+                        "rounds return their kept outputs, the host's work alone with its caches warm "
+                        "(models/benchmarks/recorded_bodies.py)")
     p.add_argument("--json", help="write the figures here too")
     a = p.parse_args()
     batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
@@ -77,9 +96,11 @@ def main() -> None:
     model, tok, _ = load_checkpoint(resolve_checkpoint(a.model))   # (CPU: see the docstring)
     decoder = TimedDecoder(model, tok, form=a.form)
     decoder.capture_graphs(max(batch_sizes) * LANES.get(a.arrivals, 1), max(batch_sizes))   # as bench step
-    figures = measure(decoder, lines[:a.sentences], batch_sizes, a.rounds, ARRIVALS[a.arrivals])
+    figures = measure(decoder, lines[:a.sentences], batch_sizes, a.rounds, ARRIVALS[a.arrivals],
+                      recorded=a.bodies == "recorded")
     print(f"{cpu_summary()['line']}; torch {torch.__version__}; {a.model}, form {a.form} on the CPU, "
-          f"{min(a.sentences, len(lines))} sentences word by word, {a.arrivals} arrivals, {a.rounds} rounds")
+          f"{min(a.sentences, len(lines))} sentences word by word, {a.arrivals} arrivals, {a.rounds} rounds, "
+          f"bodies {a.bodies}")
     print("| batch | steps | host µs/step outside the replays, each round | median | replays µs/step (median) |")
     print("|---:|---:|---|---:|---:|")
     for b, rows in figures.items():

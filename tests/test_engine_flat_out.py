@@ -174,6 +174,15 @@ def test_host_python_times_the_step_outside_the_graphs_replays(tmp_path):
                            str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert stag.returncode == 0, stag.stderr
     assert "staggered arrivals" in stag.stdout and json.loads(out.read_text())["2"][0]["host_us_per_step"] > 0
+    # the bodies recorded once and taken out of the timed rounds: the same steps, next to no replay time left
+    rec = subprocess.run([sys.executable, str(ROOT / "recipes/host_python.py"), "-m", str(tiny), "--source",
+                          str(src), "--batch-sizes", "1,2", "--rounds", "1", "--bodies", "recorded", "--json",
+                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rec.returncode == 0, rec.stderr
+    recorded = json.loads(out.read_text())
+    assert "bodies recorded" in rec.stdout and all(
+        recorded[b][0]["steps"] == figures[b][0]["steps"] and recorded[b][0]["host_us_per_step"] > 0
+        and recorded[b][0]["replay_us_per_step"] < figures[b][0]["replay_us_per_step"] for b in ("1", "2"))
     bad = subprocess.run([sys.executable, str(ROOT / "recipes/host_python.py"), "-m", str(tiny), "--source",
                           str(src), "--batch-sizes", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "batch sizes" in bad.stderr

@@ -1,0 +1,73 @@
+"""The graph forms' host work alone, with the graphs' bodies taken out: `recipes/host_python.py --bodies recorded`.
+
+On the CPU the graph forms run their bodies eagerly where a GPU would replay them, so a step's host work there
+runs between milliseconds of model compute that evict the host's caches: the step's Python then reads cold
+memory, and the host's share of a step measures more than a GPU's host would spend (whose replays are
+launches). `RecordedBodies` runs one round with the bodies and keeps what each replay returned, in order; the
+rounds after it return those outputs without computing. The host then does exactly the same work (the same
+decisions read back, the same streams moved on), with its caches warm: what `bench step`'s "outside graphs"
+would be on a device that took no time.
+
+Only for a driver that makes the same replays every round (the benchmarks' lockstep, staggered and overlapped
+arrivals over the same sentences); a replay of another shape than recorded is an error, never a silent mix.
+The device's own state (the cache pool, the slot rows) stops moving in the recorded rounds: nothing on the host
+reads it, and the step's results come from the recorded decisions.
+"""
+from __future__ import annotations
+
+
+class RecordedBodies:
+    """Wraps the eager bodies of `graphs` (models/cuda_graphs.DecoderGraphs on the CPU): `record()` for a round
+    that runs them and keeps their outputs, `replay()` for rounds that return the kept outputs instead."""
+
+    def __init__(self, graphs):
+        if graphs.cuda:
+            raise ValueError("recorded bodies stand in for eager graph bodies (the CPU); on a GPU the replay is "
+                             "a launch already")
+        self.graphs = graphs
+        self.rounds: dict = {}   # round name -> [(graph key, what its body returned)], in replay order
+        self.kept: list[tuple] = []   # the round being recorded or replayed
+        self.at = 0                    # the next kept output a replayed round returns
+        self.recording = True
+        self.bodies = {key: entry[2] for key, entry in graphs.entries.items()}
+        for key, (graph, static, body) in graphs.entries.items():
+            graphs.entries[key] = (graph, static, self._body(key, body))
+
+    def record(self, name="round") -> None:
+        """The next round runs the bodies and keeps their outputs under `name` (one name a driving: e.g. a batch
+        size), in place of any kept before under it."""
+        self.recording, self.kept, self.at = True, [], 0
+        self.rounds[name] = self.kept
+
+    def replay(self, name="round") -> None:
+        """The next round returns the outputs kept under `name`, in order, without running the bodies."""
+        if name not in self.rounds:
+            raise RuntimeError(f"no round recorded as {name!r}: call record({name!r}) and run one round first")
+        self.recording, self.kept, self.at = False, self.rounds[name], 0
+
+    def finished(self) -> bool:
+        """Whether the round replayed every kept output (a round that took fewer replays drove other steps)."""
+        return self.recording or self.at == len(self.kept)
+
+    def restore(self) -> None:
+        """The graphs' own bodies back."""
+        for key, body in self.bodies.items():
+            graph, static, _ = self.graphs.entries[key]
+            self.graphs.entries[key] = (graph, static, body)
+
+    def _body(self, key: tuple, body):
+        def run(*static):
+            if self.recording:
+                out = body(*static)
+                self.kept.append((key, None if out is None else out.clone()))
+                return out
+            if self.at >= len(self.kept):
+                raise RuntimeError(f"replay {self.at + 1} of a round that recorded {len(self.kept)}: the driver "
+                                   "steps differently from the recorded round")
+            kept_key, out = self.kept[self.at]
+            if kept_key != key:
+                raise RuntimeError(f"replay {self.at + 1} is graph {key}, the recorded round's was {kept_key}: the "
+                                   "driver steps differently from the recorded round")
+            self.at += 1
+            return out
+        return run
