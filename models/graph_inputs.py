@@ -35,6 +35,8 @@ class GraphInputs:
         self._stages: list[tuple[np.ndarray, torch.Tensor, torch.cuda.Event | None]] = (
             [] if self.cuda else [(self.buffer.numpy(), self.buffer, None)])
         self._views: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+        self._padding: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self._sends: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}   # (stage, end) -> dst, src
         self.copies = 0   # host-to-device copies sent (one per step that replays a graph)
 
     def decoder(self, batch: int) -> tuple[int, int, int]:
@@ -57,6 +59,18 @@ class GraphInputs:
             v = self._views[key] = self.buffer[offset:offset + n].view(shape)
         return v
 
+    def padding(self, offset: int, shape: tuple[int, ...], pad) -> np.ndarray:
+        """A whole block of `shape` at `offset` filled with `pad` (a value, or a row), made once: what a step
+        copies past its rows. A place always holds the same input, padded alike (what its graph was captured
+        with), so the first `pad` given for it is kept."""
+        key = (offset, shape)
+        block = self._padding.get(key)
+        if block is None:
+            block = np.empty(shape, dtype=np.int64)
+            block[...] = pad
+            block = self._padding[key] = block.reshape(-1)
+        return block
+
     def stage(self) -> int:
         """A staging copy no queued copy still reads (its index: `array`, `send`)."""
         for i, (_, _, done) in enumerate(self._stages):
@@ -73,9 +87,11 @@ class GraphInputs:
         """The staging copy's first `end` values to the buffer (on CUDA queued behind the work before it)."""
         if not self.cuda:
             return
-        _, host, done = self._stages[stage]
-        self.buffer[:end].copy_(host[:end], non_blocking=True)
-        done.record()
+        pair = self._sends.get((stage, end))
+        if pair is None:   # (the two prefixes made once per stage and length: two slice operators less a step)
+            pair = self._sends[(stage, end)] = (self.buffer[:end], self._stages[stage][1][:end])
+        pair[0].copy_(pair[1], non_blocking=True)
+        self._stages[stage][2].record()
         self.copies += 1
 
 
@@ -84,20 +100,25 @@ class Readback:
     once collected (CUDA): no pinned allocation and no event made per step."""
 
     def __init__(self):
-        self._free: list[tuple[torch.Tensor, torch.cuda.Event]] = []
+        # (pinned buffer, its event, its first-rows views by row count: made once, no slice operator a step)
+        self._free: list[tuple[torch.Tensor, torch.cuda.Event, dict]] = []
 
     def start(self, decided: torch.Tensor) -> tuple[torch.Tensor, tuple]:
-        """decided's copy to the host queued; its host view, and the (buffer, event) to wait for and `give` back."""
+        """decided's copy to the host queued; its host view, and the buffer's item to wait for (`item[1]`, its
+        event) and `give` back."""
         rows = decided.shape[0]
-        i = next((i for i, (t, _) in enumerate(self._free) if t.shape[0] >= rows), None)
+        i = next((i for i, item in enumerate(self._free) if item[0].shape[0] >= rows), None)
         if i is None:
             size = 8
             while size < rows:
                 size *= 2
-            item = (torch.empty((size, decided.shape[1]), dtype=decided.dtype, pin_memory=True), torch.cuda.Event())
+            item = (torch.empty((size, decided.shape[1]), dtype=decided.dtype, pin_memory=True), torch.cuda.Event(),
+                    {})
         else:
             item = self._free.pop(i)
-        host = item[0][:rows]
+        host = item[2].get(rows)
+        if host is None:
+            host = item[2][rows] = item[0][:rows]
         host.copy_(decided, non_blocking=True)
         item[1].record()
         return host, item

@@ -175,10 +175,8 @@ class StreamingDecoder:
         """The cache length a static-shape step pads `n` to (the exact length otherwise)."""
         if self.scratch is None:
             return n
-        b = 8
-        while b < n:
-            b *= 2
-        return min(b, self.cfg.max_positions)
+        # (the next power of two from 8: every step buckets its lengths, a loop of doublings cost more)
+        return min(8 if n <= 8 else 1 << (n - 1).bit_length(), self.cfg.max_positions)
 
     def capture_graphs(self, capacity: int, max_batch: int, widths: list[int] | None = None) -> dict:
         """The `graphs` form, once, before any stream: a fixed pool of `capacity` stream slots (plus the

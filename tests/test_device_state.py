@@ -87,7 +87,11 @@ def test_padded_batches_and_cache_lengths_change_nothing(policy, trained_decoder
     two: the same tokens and delays, one stream or many."""
     dec = trained_decoders[policy]
     padded = StreamingDecoder(dec.model, dec.tok, form="static")
-    assert padded.bucket(5) == 8 and padded.bucket(9) == 16 and padded.bucket(10 ** 6) == dec.cfg.max_positions
+    # the smallest power of two from 8 that holds n, at most the positions: every n up to the last bucket
+    cap = dec.cfg.max_positions
+    assert [padded.bucket(n) for n in range(cap + 2)] == [min(next(b for b in (2 ** e for e in range(3, 20)) if b >= n),
+                                                              cap) for n in range(cap + 2)]
+    assert padded.bucket(5) == 8 and padded.bucket(9) == 16 and padded.bucket(10 ** 6) == cap
     for batch_size in (1, 3, 10):
         assert outputs(padded, SENTENCES, batch_size=batch_size) == outputs(dec, SENTENCES, batch_size=batch_size)
     assert padded.pool.in_use == 1 and padded.streams_in_cache == 0   # only the scratch slot is held

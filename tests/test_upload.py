@@ -84,3 +84,23 @@ def test_placed_parts_land_padded_in_the_graph_inputs(device):
         Upload(inputs).place("too_many", 0, [1, 2, 3], (2,), 0)
     with pytest.raises(ValueError, match="overrun"):
         inputs.view(inputs.size - 2, (4,))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decisions come back through pinned memory on CUDA")
+def test_readback_returns_each_steps_decisions_through_reused_buffers():
+    """Readback: the (B, 3) decisions copied to pinned host memory behind the kernels, for batches of several
+    sizes in flight at once; a buffer given back serves the next step, and its views are reused (no slice a step)."""
+    from models.graph_inputs import Readback
+    rb, rng = Readback(), random.Random(6)
+    views: dict[tuple, int] = {}   # (buffer, rows) -> the view a step got
+    for _ in range(20):
+        started = []
+        for rows in rng.sample([1, 3, 8, 16, 64], 3):
+            decided = torch.randint(0, 1000, (rows, 3), device="cuda")
+            started.append((decided.cpu(), *rb.start(decided)))
+        for want, host, item in started:
+            item[1].synchronize()
+            assert torch.equal(host, want)
+            assert views.setdefault((id(item[0]), host.shape[0]), id(host)) == id(host)
+            rb.give(item)
+    assert len(rb._free) <= 9   # (reused: at most three in flight of each size, 8, 16 and 64 rows)
