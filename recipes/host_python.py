@@ -7,10 +7,20 @@ Each step's wall time (`StreamingDecoder.step`, as `bench step` times it) less t
 replays (`DecoderGraphs.replay_seconds`: running the graph bodies, which on the CPU run eagerly at the same
 shapes). What is left is the step's own host work: the checks of every stream, planning the encoder and
 decoder rows, the one upload, reading the decisions back and applying them (tokens, words). On a GPU the
-replay is a launch and the read back waits for the device, so this split only means something on the CPU;
-there it says how the host's Python grows with the batch, which `bench step` on a GPU cannot tell apart from
-device work that is no kernel (copies, gaps between a graph's kernels). Batch sizes alternate within each
-round, with the sentences arriving word by word in lockstep, as `bench step`'s small batches.
+replay is a launch and the read back waits for the device, so this split (with the bodies run) only means
+something on the CPU; there it says how the host's Python grows with the batch, which `bench step` on a GPU
+cannot tell apart from device work that is no kernel (copies, gaps between a graph's kernels). Batch sizes
+alternate within each round, with the sentences arriving word by word in lockstep, as `bench step`'s small
+batches.
+
+`--bodies recorded` takes the graphs' bodies out of the timed rounds (models/benchmarks/recorded_bodies.py): on
+the CPU the host's work then runs with its caches warm, as a GPU's host would; on CUDA (`--device cuda`) no graph
+is launched, and the step's wall is the host's floor on that machine: its Python and the CUDA calls outside the
+graphs, with nothing for the device to compute. (The replays' column is then the lookup of the kept outputs and
+the replay's profiler mark, which a launch does not have: the host column is the figure.)
+
+    python recipes/host_python.py --bodies recorded                         # the host's work with warm caches
+    python recipes/host_python.py --device cuda --bodies recorded           # on a GPU: the host's floor a step
 """
 from __future__ import annotations
 
@@ -25,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.benchmarks.host_overhead import ARRIVALS, LANES, TimedDecoder  # noqa: E402
 from models.benchmarks.recorded_bodies import RecordedBodies  # noqa: E402
-from models.checkpoint import load_checkpoint  # noqa: E402
+from models.checkpoint import CheckpointError, load_checkpoint, pick_device  # noqa: E402
 from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
 
@@ -58,8 +68,9 @@ def measure(decoder: TimedDecoder, sentences: list[str], batch_sizes: list[int],
                     raise RuntimeError("the round made no StreamingDecoder.step call to time")
                 if bodies is not None and not bodies.finished():
                     raise RuntimeError("the timed round made fewer replays than the recorded one")
-                out[b].append({"host_us_per_step": (sum(decoder.step_seconds) - spent) / n * 1e6,
-                               "replay_us_per_step": spent / n * 1e6, "steps": n})
+                wall = sum(decoder.step_seconds)
+                out[b].append({"host_us_per_step": (wall - spent) / n * 1e6, "replay_us_per_step": spent / n * 1e6,
+                               "wall_us_per_step": wall / n * 1e6, "steps": n})
         return out
     finally:
         graphs.replay_seconds = None
@@ -84,6 +95,9 @@ def main() -> None:
                         "between its work); recorded: they run in one untimed round per batch size and the timed "
                         "rounds return their kept outputs, the host's work alone with its caches warm "
                         "(models/benchmarks/recorded_bodies.py)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (the graph bodies run eagerly) or cuda[:N] (captured graphs; with --bodies recorded the "
+                        "timed rounds launch none: the step's wall is then the host's floor on that machine)")
     p.add_argument("--json", help="write the figures here too")
     a = p.parse_args()
     batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
@@ -92,21 +106,29 @@ def main() -> None:
     lines = [line.strip() for line in open(a.source, encoding="utf-8") if 0 < len(line.split()) <= 30]
     if not lines:
         p.error(f"{a.source}: no line of 1-30 words")
+    try:
+        device = pick_device(a.device)
+    except CheckpointError as e:
+        p.error(str(e))
     torch.set_num_threads(1)   # (the server's engine on a GPU steps on one thread too)
-    model, tok, _ = load_checkpoint(resolve_checkpoint(a.model))   # (CPU: see the docstring)
+    model, tok, _ = load_checkpoint(resolve_checkpoint(a.model), device=device)
     decoder = TimedDecoder(model, tok, form=a.form)
     decoder.capture_graphs(max(batch_sizes) * LANES.get(a.arrivals, 1), max(batch_sizes))   # as bench step
     figures = measure(decoder, lines[:a.sentences], batch_sizes, a.rounds, ARRIVALS[a.arrivals],
                       recorded=a.bodies == "recorded")
-    print(f"{cpu_summary()['line']}; torch {torch.__version__}; {a.model}, form {a.form} on the CPU, "
+    where = (f"on {torch.cuda.get_device_name(device)} (graphs captured)" if device.type == "cuda"
+             else "on the CPU (no graphs: their bodies eager)")
+    print(f"{cpu_summary()['line']}; torch {torch.__version__}; {a.model}, form {a.form} {where}, "
           f"{min(a.sentences, len(lines))} sentences word by word, {a.arrivals} arrivals, {a.rounds} rounds, "
-          f"bodies {a.bodies}")
-    print("| batch | steps | host µs/step outside the replays, each round | median | replays µs/step (median) |")
-    print("|---:|---:|---|---:|---:|")
+          f"bodies {'recorded: run in an untimed round, not in the timed ones' if a.bodies == 'recorded' else 'run'}")
+    print("| batch | steps | host µs/step outside the replays, each round | median | replays µs/step (median) "
+          "| step wall µs (median) |")
+    print("|---:|---:|---|---:|---:|---:|")
     for b, rows in figures.items():
         host = [r["host_us_per_step"] for r in rows]
         print(f"| {b} | {rows[0]['steps']} | {', '.join(f'{x:.0f}' for x in host)} | {statistics.median(host):.0f} "
-              f"| {statistics.median(r['replay_us_per_step'] for r in rows):.0f} |")
+              f"| {statistics.median(r['replay_us_per_step'] for r in rows):.0f} "
+              f"| {statistics.median(r['wall_us_per_step'] for r in rows):.0f} |")
     if a.json:
         Path(a.json).write_text(json.dumps({str(b): rows for b, rows in figures.items()}, indent=1))
 

@@ -8,6 +8,11 @@ rounds after it return those outputs without computing. The host then does exact
 decisions read back, the same streams moved on), with its caches warm: what `bench step`'s "outside graphs"
 would be on a device that took no time.
 
+On CUDA the same rounds leave the device nothing to compute: a replayed round launches no graph, and what is left
+of its step is the host's Python with the CUDA calls outside the graphs (the one upload, the read back and its
+wait on a copy of a few values): the host's floor a step on that machine, against which `bench step`'s wall less
+the graphs' span tells the host's share from the device's idle time.
+
 Only for a driver that makes the same replays every round (the benchmarks' lockstep, staggered and overlapped
 arrivals over the same sentences); a replay of another shape than recorded is an error, never a silent mix.
 The device's own state (the cache pool, the slot rows) stops moving in the recorded rounds: nothing on the host
@@ -17,21 +22,21 @@ from __future__ import annotations
 
 
 class RecordedBodies:
-    """Wraps the eager bodies of `graphs` (models/cuda_graphs.DecoderGraphs on the CPU): `record()` for a round
-    that runs them and keeps their outputs, `replay()` for rounds that return the kept outputs instead."""
+    """Wraps the bodies of `graphs` (models/cuda_graphs.DecoderGraphs: eager on the CPU, captured graphs on CUDA):
+    `record()` for a round that runs them and keeps their outputs, `replay()` for rounds that return the kept
+    outputs instead; `restore()` puts the graphs' own entries back."""
 
     def __init__(self, graphs):
-        if graphs.cuda:
-            raise ValueError("recorded bodies stand in for eager graph bodies (the CPU); on a GPU the replay is "
-                             "a launch already")
         self.graphs = graphs
         self.rounds: dict = {}   # round name -> [(graph key, what its body returned)], in replay order
         self.kept: list[tuple] = []   # the round being recorded or replayed
         self.at = 0                    # the next kept output a replayed round returns
         self.recording = True
-        self.bodies = {key: entry[2] for key, entry in graphs.entries.items()}
-        for key, (graph, static, body) in graphs.entries.items():
-            graphs.entries[key] = (graph, static, self._body(key, body))
+        self.entries = dict(graphs.entries)   # (restore)
+        for key, (graph, static, out) in self.entries.items():
+            # an eager entry's third item is its body; a captured one's is its graph's output, after a replay
+            body = out if graph is None else (lambda *_, graph=graph, out=out: graph.replay() or out)
+            graphs.entries[key] = (None, static, self._body(key, body))   # (run as eager bodies: _replay)
 
     def record(self, name="round") -> None:
         """The next round runs the bodies and keeps their outputs under `name` (one name a driving: e.g. a batch
@@ -50,10 +55,8 @@ class RecordedBodies:
         return self.recording or self.at == len(self.kept)
 
     def restore(self) -> None:
-        """The graphs' own bodies back."""
-        for key, body in self.bodies.items():
-            graph, static, _ = self.graphs.entries[key]
-            self.graphs.entries[key] = (graph, static, body)
+        """The graphs' own entries back."""
+        self.graphs.entries.update(self.entries)
 
     def _body(self, key: tuple, body):
         def run(*static):

@@ -64,6 +64,10 @@ BUDGET_STEP_FUSED="${BUDGET_STEP_FUSED:-0}"
 # SMALL_BATCHES over twice SMALL_SENTENCES and at STEP_BATCHES over twice STEP_SENTENCES, forms OVERLAP_PATHS;
 # a third to the small batches (few steps) and the rest to the large; 120 runs it (not yet run on a GPU)
 BUDGET_STEP_OVERLAP="${BUDGET_STEP_OVERLAP:-0}"
+# the host's floor a step: recipes/host_python.py --bodies recorded on CUDA (the timed rounds launch no graph: the
+# host's Python and its CUDA calls outside the graphs), a third at SMALL_BATCHES lockstep over SMALL_SENTENCES and
+# the rest at STEP_BATCHES with STEP_ARRIVALS over STEP_SENTENCES; 60 runs it (not yet run on a GPU)
+BUDGET_HOST_FLOOR="${BUDGET_HOST_FLOOR:-0}"
 BUDGET_STEP_TRACE="${BUDGET_STEP_TRACE:-0}"   # recipes/gpu/step_trace.py at SMALL_BATCHES: traces and the gaps per step; 40 runs it
 BUDGET_ENGINE="${BUDGET_ENGINE:-0}"
 BUDGET_SERVER="${BUDGET_SERVER:-150}"
@@ -195,6 +199,13 @@ step "bench step, float32, large batches, overlapped steps, forms $OVERLAP_PATHS
   simulserve bench step --device $DEVICE --checkpoint "$CKPT" --source "$DATA/test.de" --arrivals overlapped --host-only \
   --batch-sizes "$STEP_BATCHES" --sentences "$((2 * STEP_SENTENCES))" --rounds "$STEP_ROUNDS" --paths "$OVERLAP_PATHS" \
   --json "$DIR/step_cuda_overlapped.json"
+step "the host's floor a step, small batches: graphs-encoder with the graphs' bodies recorded, none launched (recipes/host_python.py)" "$((BUDGET_HOST_FLOOR / 3))" \
+  "$PY" recipes/host_python.py --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --bodies recorded \
+  --batch-sizes "$SMALL_BATCHES" --sentences "$SMALL_SENTENCES" --rounds 3 --json "$DIR/host_floor_small.json"
+step "the host's floor a step, large batches, $STEP_ARRIVALS arrivals (recipes/host_python.py)" "$((BUDGET_HOST_FLOOR - BUDGET_HOST_FLOOR / 3))" \
+  "$PY" recipes/host_python.py --device $DEVICE -m "$CKPT" --source "$DATA/test.de" --bodies recorded \
+  --arrivals "$STEP_ARRIVALS" --batch-sizes "$STEP_BATCHES" --sentences "$STEP_SENTENCES" --rounds 2 \
+  --json "$DIR/host_floor.json"
 step "CUDA tests of graphs-fused: graph replay = eager = CPU per policy (tests/test_cuda_graphs.py)" "$BUDGET_FUSED_TESTS" \
   "$PY" -m pytest -v -p no:cacheprovider -p no:flake8 -rs -k "$FUSED_K" tests/test_cuda_graphs.py
 step "bench step, float32, small batches, graphs-encoder against graphs-fused" "$BUDGET_STEP_FUSED" \
