@@ -61,6 +61,8 @@ def register(sub) -> None:
                "                  zero_), views (view, reshape, select, slice, transpose, ...) and dropout,\n"
                "                  not called by one of those, calling no other compute operator\n"
                "  encoding steps  the share of steps that ran the encoder (see --arrivals)\n"
+               "  decoder rows/step  streams in a step's decoder trial, mean over the steps: the batch a step\n"
+               "                  really runs (the batch size caps it: streams waiting for words sit steps out)\n"
                "  outside graphs ms/step (graph forms)  the step's time outside its graphs: on the CPU the\n"
                "                  wall less the replayed graphs' eager bodies, i.e. the host work (planning,\n"
                "                  uploads, copies, results) a GPU run pays as well; on CUDA the wall less the\n"
@@ -242,11 +244,13 @@ def host_overhead_row(r: dict, cuda: bool) -> str:
              f"{activities} | {span} | {idle} | {split} | " if cuda else "")
     ratio = "n/a" if r["wall_over_kernel"] is None else f"{r['wall_over_kernel']:.2f}x"
     outside = f"{r['outside_graphs_ms_per_step']:.3f}" if "outside_graphs_ms_per_step" in r else "n/a"
+    rows = f"{r['decoder_rows_per_step']:.1f}" if "decoder_rows_per_step" in r else "n/a"   # (older reports: none)
     return (f"| {r['path']} | {r['batch_size']} | {r['steps']} | {100 * r['encoding_share']:.0f}% | "
             f"{r['step_wall_ms']:.2f} | {r['kernel_ms_per_step']:.3f} | "
             f"{r['step_wall_ms'] - r['kernel_ms_per_step']:.3f} | {outside} | {ratio} | "
             f"{r['operators_per_step']:.0f} | {r['uploads_per_step']:.1f} | {r['reads_per_step']:.1f} | "
-            f"{extra}{'yes' if r['identical'] else 'NO'} | {'yes' if r['same_as_first'] else 'NO'} |")
+            f"{extra}{rows} | {'yes' if r['identical'] else 'NO'} | "
+            f"{'yes' if r['same_as_first'] else 'NO'} |")
 
 
 def run_step(args) -> int:
@@ -295,9 +299,9 @@ def run_step(args) -> int:
           "outside graphs ms/step | wall/kernel | operators/step | uploads/step | reads/step | "
           + ("launches/step | memcpy/step | syncs/step | device activities/step | graph span ms/step | "
              "device idle before / between / after ms | host Python / graph launches / waits ms | " if cuda else "")
-          + "identical | same as first |")
+          + "decoder rows/step | identical | same as first |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-          + ("---:|---:|---:|---:|---:|---:|---:|" if cuda else "") + ":---:|:---:|")
+          + ("---:|---:|---:|---:|---:|---:|---:|" if cuda else "") + "---:|:---:|:---:|")
     for r in host:
         print(host_overhead_row(r, cuda))
     if choice is not None:

@@ -137,18 +137,20 @@ def test_a_cuda_row_of_the_table_gives_the_device_idle_parts():
     from clients.bench_cli import host_overhead_row
     row = {"path": "graphs-encoder", "batch_size": 8, "steps": 103, "encoding_share": 0.17, "step_wall_ms": 0.74,
            "kernel_ms_per_step": 0.458, "wall_over_kernel": 1.62, "operators_per_step": 8, "uploads_per_step": 0,
-           "reads_per_step": 0.8, "identical": True, "same_as_first": True}
+           "reads_per_step": 0.8, "decoder_rows_per_step": 2.35, "identical": True, "same_as_first": True}
     cuda = {**row, "launches_per_step": 1.0, "memcpy_per_step": 1.7, "syncs_per_step": 0.8}
     timed = {**cuda, "device_idle_before_ms": 0.1, "device_idle_between_ms": 0.125, "device_idle_after_ms": 0.05,
              "activities_per_step": 212.4, "graph_span_ms_per_step": 0.6125}
-    assert ("| 1.0 | 1.7 | 0.8 | 212 | 0.613 | 0.100 / 0.125 / 0.050 | n/a | yes | yes |"
+    assert ("| 1.0 | 1.7 | 0.8 | 212 | 0.613 | 0.100 / 0.125 / 0.050 | n/a | 2.4 | yes | yes |"
             in host_overhead_row(timed, True))
-    assert "| 0.8 | n/a | n/a | n/a | n/a | yes |" in host_overhead_row(cuda, True)
+    assert "| 0.8 | n/a | n/a | n/a | n/a | 2.4 | yes |" in host_overhead_row(cuda, True)
     split = {**timed, "host_python_ms_per_step": 0.1004, "graph_launch_ms_per_step": 0.0216, "wait_ms_per_step": 0.618}
-    assert "| 0.100 / 0.125 / 0.050 | 0.100 / 0.022 / 0.618 | yes | yes |" in host_overhead_row(split, True)
+    assert "| 0.100 / 0.125 / 0.050 | 0.100 / 0.022 / 0.618 | 2.4 | yes | yes |" in host_overhead_row(split, True)
     cpu = host_overhead_row(row, False)
-    assert cpu.count("|") == 15 and "| 0.282 | n/a | 1.62x |" in cpu   # (host ms: wall less kernel; not a graph form)
+    assert cpu.count("|") == 16 and "| 0.282 | n/a | 1.62x |" in cpu   # (host ms: wall less kernel; not a graph form)
     assert "| 0.282 | 0.127 | 1.62x |" in host_overhead_row({**row, "outside_graphs_ms_per_step": 0.1274}, False)
+    older = {k: v for k, v in row.items() if k != "decoder_rows_per_step"}   # (a report from before the column)
+    assert host_overhead_row(older, False).endswith("| n/a | yes | yes |")
 
 
 def test_timed_and_profiled_steps_compute_what_the_plain_decoder_does(word_tok):
@@ -240,7 +242,7 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     lines = r.stdout.splitlines()
     head = lines.index("| step | batch size | steps | encoding steps | step wall ms | kernel ms/step | host ms/step | "
                        "outside graphs ms/step | wall/kernel | operators/step | uploads/step | reads/step | "
-                       "identical | same as first |")
+                       "decoder rows/step | identical | same as first |")
     assert lines.index("| batch size | target tokens | fast ms/token | plain ms/token | speed-up | identical |") \
         < head
     body = lines[head + 2:head + 8]
@@ -263,6 +265,12 @@ def test_bench_step_prints_the_host_overhead_table(tiny_checkpoint, tmp_path):
     assert [float(row.split("|")[10]) for row in body] == [round(h["operators_per_step"]) for h in rows]
     assert all(row.split("|")[8].strip() == "n/a" for row in body)   # (no graph form ran)
     assert all(0 < h["encoding_share"] <= 1 for h in rows)
+    # the decoder's real batch: at most the batch size, printed as measured, and the same in every form (they
+    # step the same streams to the same decisions)
+    assert all(0 < h["decoder_rows_per_step"] <= h["batch_size"] for h in rows)
+    assert [float(row.split("|")[-4]) for row in body] == [round(h["decoder_rows_per_step"], 1) for h in rows]
+    for b in (1, 2):
+        assert len({h["decoder_rows_per_step"] for h in rows if h["batch_size"] == b}) == 1
     assert [row.split("|")[4].strip() for row in body] == [f"{100 * h['encoding_share']:.0f}%" for h in rows]
     bad = cli("bench", "step", "--device", "cpu", "--checkpoint", str(ckpt), "--source", str(src), "--paths", "jit")
     assert bad.returncode == 2 and "--paths: unknown step form(s) jit" in bad.stderr

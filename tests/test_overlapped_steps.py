@@ -89,9 +89,10 @@ def test_host_overhead_rows_with_overlapped_steps(word_tok, one_torch_thread):
                                arrivals="overlapped", paths=("default", "graphs-encoder"))
     lockstep = bench_host_overhead(dec.model, word_tok, sentences, batch_sizes=(3,), sentences=6, rounds=1)
     assert all(r["identical"] and r["same_as_first"] and r["step_wall_ms"] > 0 for r in rows)
-    want = {w["batch_size"]: (w["steps"], w["target_tokens"]) for w in lockstep}
-    assert len(rows) == 2   # (both forms: the same steps, as a stream's steps do not depend on which it shares)
-    assert all((r["steps"], r["target_tokens"]) == want[r["batch_size"]] for r in rows)
+    want = {w["batch_size"]: (w["steps"], w["target_tokens"], w["decoder_rows_per_step"]) for w in lockstep}
+    assert len(rows) == 2   # (both forms: the same steps and trials, as a stream's steps do not depend on which it
+    assert all((r["steps"], r["target_tokens"], r["decoder_rows_per_step"]) == want[r["batch_size"]]   # shares)
+               for r in rows)
     timed = TimedDecoder(dec.model, word_tok)
     results = ARRIVALS["overlapped"](timed, sentences, 3)
     assert len(timed.step_seconds) == lockstep[0]["steps"] and len(results) == len(sentences)

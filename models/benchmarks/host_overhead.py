@@ -14,6 +14,9 @@ every value read back also makes the host wait for the device. This module measu
   on CPU, the self CPU time of the innermost compute operators / steps (`compute_op_time`);
 - **wall / kernel**: the host's share; 1 would mean the step is nothing but its kernels;
 - **encoding steps**: the share of steps that ran the encoder (how the words arrive decides it: `ARRIVALS`);
+- **decoder rows per step**: the streams in a step's decoder trial, mean over the steps (a step without one counts
+  0): the batch a step really runs, which the batch size caps (streams that wait for words, or are done, sit
+  steps out);
 - **operators per step**: the aten:: operators the step's Python code dispatched (not those nested in
   another): host time each, and on a GPU a launch each unless a CUDA graph replays it;
 - **uploads per step**: `aten::lift_fresh` events, i.e. tensors made from Python values
@@ -89,12 +92,17 @@ class TimedDecoder(StreamingDecoder):
         super().__init__(*args, **kwargs)
         self.step_seconds: list[float] = []
         self.encoding_steps = 0    # steps that ran the encoder (a step encodes at most once)
+        self.decoder_rows = 0      # streams in the decoder trials (a step has at most one): its real batch
         self.sync_each_step = self.device.type == "cuda"
         self.mark_steps = False    # the profiled round's steps as STEP_MARK regions (a cost: not in timed rounds)
 
     def _encode(self, *args, **kwargs):
         self.encoding_steps += 1
         return super()._encode(*args, **kwargs)
+
+    def _launch_decode(self, states, *args, **kwargs):
+        self.decoder_rows += len(states)
+        return super()._launch_decode(states, *args, **kwargs)
 
     def step(self, *args, **kwargs):
         if self.mark_steps:
@@ -266,7 +274,7 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
         wall, timed, split = [], None, []
         graphed = dec.graphs is not None
         for _ in range(rounds):
-            dec.step_seconds, dec.encoding_steps = [], 0
+            dec.step_seconds, dec.encoding_steps, dec.decoder_rows = [], 0, 0
             if graphed:
                 dec.graphs.replay_seconds, dec.wait_seconds = 0.0, 0.0
             try:
@@ -281,7 +289,7 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
             total, steps = sum(dec.step_seconds), len(dec.step_seconds)
             wall.append(total / steps)
             split.append(((total - replayed - waited) / steps, replayed / steps, waited / steps))
-            encoding = dec.encoding_steps / steps
+            encoding, decoder_rows = dec.encoding_steps / steps, dec.decoder_rows / steps
             if progress is not None:
                 progress.update(1)
         span = None
@@ -307,7 +315,8 @@ def _bench_one(dec: "TimedDecoder", chosen: list[str], batch_sizes, rounds: int,
             progress.update(1)
         n = len(dec.step_seconds)
         row = {"batch_size": b, "sentences": len(chosen), "target_tokens": sum(o[0] for o in timed),
-               "steps": steps, "encoding_share": encoding, "step_wall_ms": statistics.median(wall) * 1000,
+               "steps": steps, "encoding_share": encoding, "decoder_rows_per_step": decoder_rows,
+               "step_wall_ms": statistics.median(wall) * 1000,
                "kernel_ms_per_step": prof["kernel_s"] * 1000 / n,
                "uploads_per_step": prof["uploads"] / n, "reads_per_step": prof["reads"] / n,
                "operators_per_step": prof["operators"] / n,
