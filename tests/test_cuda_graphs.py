@@ -68,24 +68,27 @@ def test_fused_form_compiles_the_decoder_step_and_writes_what_the_default_form_w
     """graphs-fused: the decoder step and the encoder's chunk step compiled by inductor (its default mode: no CUDA
     graphs of its own, ours capture them) inside the same fixed shapes, over a copy whose projections are one
     product per input; GMA, whose step has the most elementwise work, batched and alone."""
-    from models.packed_linear import FusedLinear
-    dec = random_decoder(piece_tok, "gma", seed=7)
-    g = graphed(dec, form="graphs-fused")
-    assert g.compiled and g.form.graphs and g.decode_fn is not g.net.decode_step
-    assert g.cfg.causal_encoder and g.encode_chunk_fn is not g.net.encode_chunk
-    assert g.net is not dec.model and isinstance(g.net.fused_cross_kv, FusedLinear)
-    for batch in (1, 8):
-        assert outputs(simulate(g, SENTENCES, batch_size=batch)) == outputs(simulate(dec, SENTENCES, batch_size=batch))
-    assert g.graphs.replays > 0 and g.graphs.encoder_replays > 0
-    # each graph body holds fewer kernels than graphs-encoder's eager one (inductor's generated kernels and the
-    # library calls around them, counted from the profiler: recipes/graph_kernels.py --profiler)
     import torch._inductor.config
 
+    from models.packed_linear import FusedLinear
     from tests.test_graph_kernels import profiled_kernels
+    dec = random_decoder(piece_tok, "gma", seed=7)
+    # (compiled once, with a profiler event per generated kernel for the count below: the flag is read when a
+    # kernel is generated, and changes no value)
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+        torch._dynamo.reset()
+        g = graphed(dec, form="graphs-fused")
+        assert g.compiled and g.form.graphs and g.decode_fn is not g.net.decode_step
+        assert g.cfg.causal_encoder and g.encode_chunk_fn is not g.net.encode_chunk
+        assert g.net is not dec.model and isinstance(g.net.fused_cross_kv, FusedLinear)
+        for batch in (1, 8):
+            assert outputs(simulate(g, SENTENCES, batch_size=batch)) == outputs(simulate(dec, SENTENCES,
+                                                                                         batch_size=batch))
+        assert g.graphs.replays > 0 and g.graphs.encoder_replays > 0
+        fused = profiled_kernels(g)
+    # each graph body holds fewer kernels than graphs-encoder's eager one (inductor's generated kernels and the
+    # library calls around them, counted from the profiler: recipes/graph_kernels.py --profiler)
     eager = profiled_kernels(graphed(dec, form="graphs-encoder"))
-    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):   # (read when a kernel is generated)
-        torch._dynamo.reset()   # (compiled again, with a profiler event per kernel)
-        fused = profiled_kernels(graphed(dec, form="graphs-fused"))
     for body, calls in eager.items():
         assert len(fused[body]) == len(calls) > 0
         assert 0 < max(fused[body]) < min(calls), (body, fused[body], calls)
