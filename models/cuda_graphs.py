@@ -83,10 +83,6 @@ class DecoderGraphs:
         self.inputs = GraphInputs(decoder.device, self.sizes[-1], len(decoder._scratch_fresh), max(self.widths or [0]))
         self.copies = 0   # inputs a replay had to copy into its graph's own (none where the step placed them)
 
-    def length(self, t_max: int, a_max: int) -> int:
-        """The one cache length a step of these lengths runs at (the decoder's bucket of the longer)."""
-        return self.dec.bucket(max(t_max, a_max, 1))
-
     @torch.inference_mode()
     def capture(self) -> dict:
         """Every graph, largest first into one memory pool, GC frozen; then no more.
@@ -210,8 +206,9 @@ class DecoderGraphs:
             fresh: torch.Tensor) -> torch.Tensor:
         """The (B, 3) decisions of one step of the rows `slots` (padded to a captured batch size), after writing
         the slot rows the host changed (`changes`, `fresh`: one row per batch row, padded.
-        StreamingDecoder._graph_step)."""
-        b, n = slots.shape[0], self.length(t_max, a_max)
+        StreamingDecoder._graph_step). `t_max`, `a_max`: the cache lengths bucketed already (the step's plan,
+        StreamingDecoder._plan_decode); the graph runs at the longer (a length not captured: the clear error)."""
+        b, n = slots.shape[0], max(t_max, a_max)
         entry = self.entries.get((b, n))
         if entry is None:
             raise GraphShapeError(f"no graph for a batch of {b} rows with caches of {n} positions (captured: "
