@@ -23,7 +23,8 @@ The estimate (docs/server.md#admission-by-headroom):
                stream's steps, one cycle apart (a sentence's tail is written one piece per step), so the p99
                grows with the cycle
     capacity   the most live streams N whose demand N·r keeps K·cycle(N·r) + the p99 event-loop lateness
-               within TARGET × the budget
+               within TARGET × the budget; while the last WINDOW_S seconds hold fewer than MIN_WORDS words (light
+               traffic: no fresh K) at least COLD_STREAMS, unless a measured K says not even the lightest load fits
     headroom   capacity − live streams; 0 while the measured p99 is over the budget (closed loop: the
                estimate was wrong, or quiet streams came back)
 """
@@ -310,6 +311,12 @@ class Admission:
         k = PRIOR_K if self.k is None else self.k
         most = demand_limit(self.cycles.points(), max(0.0, TARGET * self.budget_s - loop) / k)
         cap = int(most / max(r, 1e-3)) if self.cycles.buckets else COLD_STREAMS
+        if words < MIN_WORDS and (self.k is None or most > 0):
+            # light traffic: K is the prior or from a busier time, and both overstate a few streams' lag in cycles
+            # (5-9 measured at 1-3 speakers, 15-19 at 50-200), so that one speaker's cycle could refuse a second;
+            # a few streams are taken as on a cold server and their words measure K (not where a measured K says
+            # that not even the lightest load fits)
+            cap = max(cap, COLD_STREAMS)
         if dt > 0:
             self._freed += max(0, cap - self.cap)
             self.freed_avg = decay * self.freed_avg + (1 - decay) * self._freed / dt

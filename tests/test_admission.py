@@ -117,6 +117,56 @@ def test_cold_server_takes_a_few_streams_then_refuses_with_a_short_retry():
     assert adm.current().state == "cold" and adm.current().streams == 0
 
 
+def light(adm: Admission, clock: Clock, streams: list[int], cycle: float, seconds: float, words_s: float = 2.0) -> None:
+    """`streams` speaking slowly for `seconds`: a job of one row each `cycle`·4 seconds, words_s words a second
+    in all (under MIN_WORDS in the 5 s window), each lagging 3 cycles."""
+    for sid in streams:
+        if sid not in adm.active:
+            adm.admitted(sid)
+    said = 0
+    for i in range(int(seconds / 0.25)):
+        for _ in range(int(0.25 / (4 * cycle))):
+            clock.t += 4 * cycle
+            adm.job(1, cycle)
+        adm.job(0, 0.0, [3 * cycle * 1000] * round(words_s * (i + 1) * 0.25 - said))
+        said = round(words_s * (i + 1) * 0.25)
+        adm.loop_lag(0.002)
+        adm.refresh([(sid, said) for sid in streams])
+
+
+def test_light_traffic_takes_a_few_streams_whatever_the_prior_says():
+    """One slow speaker on a CPU whose lone step cycle is 5 ms: with the prior K (20 cycles) the estimate keeps 0
+    streams, and refused a second speaker on an idle server. Under MIN_WORDS words in the window the estimate
+    takes a few, as a cold server does, and the words of more streams measure K."""
+    clock = Clock()
+    adm = Admission(clock=clock, rng=random.Random(1))
+    light(adm, clock, [0], cycle=0.005, seconds=10)
+    e = adm.current()
+    assert e.state == "measured" and e.delay_in_cycles == 20 and e.max_demand_rows_s == 0   # the prior: none fits
+    assert e.capacity == COLD_STREAMS and e.streams == COLD_STREAMS - 1
+    for sid in range(1, COLD_STREAMS):
+        assert adm.admit() is None
+        adm.admitted(sid)
+    assert adm.admit() is not None                                  # a few, not any number
+    feed(adm, clock, COLD_STREAMS, lambda d: 0.005, 10, k=4.0)      # their words measure K: the estimate decides
+    e = adm.current()
+    assert e.delay_in_cycles == pytest.approx(4, rel=0.2) and e.capacity > COLD_STREAMS
+
+
+def test_light_traffic_keeps_no_floor_where_a_measured_k_says_nothing_fits():
+    """A 2 ms budget (the flood tests' server): once K is measured, not even the lightest load fits, and light
+    traffic after it does not reopen the floor."""
+    clock = Clock()
+    adm = Admission(delay_budget_ms=2, clock=clock, rng=random.Random(1))
+    feed(adm, clock, 2, lambda d: 0.005, 6, k=4.0)
+    adm.active.clear()
+    adm.live.clear()
+    light(adm, clock, [100], cycle=0.005, seconds=10)
+    e = adm.current()
+    assert e.max_demand_rows_s == 0 and e.capacity == 0
+    assert adm.admit() is not None                                  # one live: the second is refused
+
+
 def test_capacity_from_measurements_matches_the_engine_it_measures():
     clock = Clock()
     adm = Admission(clock=clock, rng=random.Random(1))
