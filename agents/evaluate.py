@@ -224,13 +224,12 @@ def plan_sets(args, src_lang: str, tgt_lang: str) -> list[TestSet]:
 
 def check_lengths(model: Model, tok, sets: list[TestSet]) -> None:
     """A sentence longer than the model's positions would stop the run halfway: check first."""
-    limit = model.cfg.max_positions
+    from models.translate import source_length_error
     for ts in sets:
         for i, s in enumerate(ts.sources, 1):
-            n = sum(len(tok.encode_word(w)) for w in s.split()) + 1
-            if n > limit:
-                raise EvaluationError(f"{ts.source_path} line {i} has {n} subwords with EOS; "
-                                      f"{model.name} takes at most {limit}: split or drop it")
+            error = source_length_error(tok, model.cfg.max_positions, s)
+            if error is not None:
+                raise EvaluationError(f"{ts.source_path} line {i}: {error} ({model.name}): split or drop it")
 
 
 # ------------------------------------------------------------------ scoring

@@ -114,6 +114,15 @@ def simulate(decoder: StreamingDecoder, sentences: list[str], *, k=None, delta=N
     return (results, states_out) if record else results
 
 
+def source_length_error(tok, max_positions: int, sentence: str) -> str | None:
+    """Why `sentence` cannot be one stream of a model with `max_positions` positions (its subwords and EOS do
+    not fit), or None: what `StreamingDecoder.push` would refuse, known before a batch starts."""
+    n = sum(len(tok.encode_word(w)) for w in sentence.split()) + 1
+    if n > max_positions:
+        return f"sentence too long: {n} subwords with EOS, the model takes at most {max_positions}"
+    return None
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "translate", help="translate sentences with simulated streaming (JSON lines out)",
@@ -149,10 +158,34 @@ def run(args) -> int:
     decoder = StreamingDecoder(model, tok, form=args.step, options=decoding_options(args))
     src = open(args.input, encoding="utf-8") if args.input else sys.stdin
     sentences = [line.rstrip("\n") for line in src]
+    # a line the model cannot take (too long) gets an error line in its place; the others are translated: one
+    # bad line in a long file must not lose the rest, and the output stays line for line with the input
+    errors = {i: e for i, line in enumerate(sentences)
+              if (e := source_length_error(tok, model.cfg.max_positions, line)) is not None}
+    good = [i for i in range(len(sentences)) if i not in errors]
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    with tqdm(total=len(sentences), disable=not args.output, unit="sent") as bar:
-        for r in simulate(decoder, sentences, k=args.k, delta=args.delta, beam=args.beam,
-                          whole_sentence=args.offline, batch_size=args.batch_size, progress=bar):
+    written = 0
+
+    def errors_before(end: int) -> None:
+        nonlocal written
+        for i in range(written, end):
+            if i in errors:
+                out.write(json.dumps({"source": sentences[i], "line": i + 1, "error": errors[i]},
+                                     ensure_ascii=False) + "\n")
+        written = max(written, end)
+
+    with tqdm(total=len(good), disable=not args.output, unit="sent") as bar:
+        results = simulate(decoder, [sentences[i] for i in good], k=args.k, delta=args.delta, beam=args.beam,
+                           whole_sentence=args.offline, batch_size=args.batch_size, progress=bar)
+        for i, r in zip(good, results):
+            errors_before(i)
             out.write(r.to_json() + "\n")
+            written = i + 1
+    errors_before(len(sentences))
     out.flush()
+    if errors:
+        lines = ", ".join(str(i + 1) for i in list(errors)[:10]) + (" ..." if len(errors) > 10 else "")
+        print(f"simulserve translate: {len(errors)} of {len(sentences)} lines not translated (line {lines}: "
+              f"{next(iter(errors.values()))}); their output lines hold the error", file=sys.stderr)
+        return 1
     return 0

@@ -110,6 +110,23 @@ def test_translate_command(trained):
     assert rows[0]["prediction"] == "haus baum licht"
 
 
+def test_translate_command_reports_a_too_long_line_in_its_place_and_translates_the_rest(trained):
+    """One line over the model's positions (48 in the tiny models) used to stop the whole run before any output;
+    now its output line holds the error, every other line is translated as alone, and the exit status says so."""
+    long = " ".join(["haus"] * 60)
+    r = translate_cli("--checkpoint", str(trained["waitk"]), "--k", "2", stdin=f"haus baum\n{long}\nwald\n")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "1 of 3 lines not translated (line 2: sentence too long: 61 subwords with EOS" in r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["source"] for row in rows] == ["haus baum", long, "wald"]
+    assert rows[1] == {"source": long, "line": 2, "error": "sentence too long: 61 subwords with EOS, the model takes "
+                                                             "at most 48"}
+    alone = translate_cli("--checkpoint", str(trained["waitk"]), "--k", "2", stdin="haus baum\nwald\n")
+    assert alone.returncode == 0
+    assert [rows[0], rows[2]] == [json.loads(line) | {"compute_ms": row["compute_ms"]}
+                                  for line, row in zip(alone.stdout.splitlines(), (rows[0], rows[2]))]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--k", "0"], "k must be an integer >= 1"),
     (["--delta", "-1"], "delta is a GMA setting"),

@@ -164,6 +164,19 @@ def test_evaluate_data_directory_shortcut(trained, tmp_path):
     assert [s["name"] for s in res["sets"]] == ["test.beta"]
 
 
+def test_evaluate_refuses_a_too_long_line_before_it_starts(trained, tmp_path, capsys):
+    """A line over the model's positions (48 in the tiny models) would stop the sweep halfway: the run is refused
+    first, naming the file and line, with the same rule `translate` and a stream's push apply."""
+    pairs = SET_B[:3] + [(" ".join(["haus"] * 60), "x")]
+    src, ref = write_set(tmp_path, "setA", pairs)
+    code = main(["evaluate", "-m", str(trained["waitk"]), "--source", str(src), "--reference", str(ref),
+                 "-o", str(tmp_path / "o"), "--quiet", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"{src} line 4: sentence too long: 61 subwords with EOS, the model takes at most 48" in err
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
 def test_evaluate_append_equals_one_run(trained, tmp_path):
     """Two --append runs (wait-k, then GMA and wait-k again) give the rows of one run over both."""
     a = write_set(tmp_path, "setA", SET_A[:5])
