@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, YamlConfigSettingsSource
 
 
@@ -340,10 +340,29 @@ def load_settings(config_file: str | os.PathLike | None = None, **overrides) -> 
         raise SettingsError("invalid settings: unset " + "; ".join(stale))
     try:
         s = _Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as e:  # pydantic ValidationError is a ValueError
-        hints = [f"{name}: {why}" for name, why in REMOVED.items() if f"\n{name}\n" in f"\n{e}\n"]
-        raise SettingsError(f"invalid settings: {e}" + "".join(f"\n{h}" for h in hints)) from None
+    except ValidationError as e:
+        problems = [validation_line(err) for err in e.errors()]
+        hints = [f"{name}: {why}" for name, why in REMOVED.items() if any(err["loc"][:1] == (name,)
+                                                                         for err in e.errors())]
+        raise SettingsError("invalid settings: " + "; ".join(problems) + "".join(f"\n{h}" for h in hints)) from None
+    except ValueError as e:
+        raise SettingsError(f"invalid settings: {e}") from None
     return s
+
+
+def validation_line(err: dict) -> str:
+    """One pydantic error as a line a user reads: the setting (its flag), what is wrong, the value given
+    (pydantic's own text names an internal class and a web page)."""
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    msg = err.get("msg", "invalid")
+    if msg.startswith(("Value error, ", "Assertion failed, ")):
+        msg = msg.split(", ", 1)[1]
+    if not loc:
+        return msg
+    name = loc if "." in loc else f"{loc} (--{loc.replace('_', '-')})"
+    if err.get("type") == "extra_forbidden" or "input" not in err or isinstance(err["input"], dict):
+        return f"{name}: {msg}"
+    return f"{name}: {msg}, got {err['input']!r}"
 
 
 def resolve_models(settings: ServerSettings) -> dict[str, Path]:

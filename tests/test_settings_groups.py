@@ -44,3 +44,13 @@ def test_a_nested_name_outside_its_group_is_refused(tmp_path, monkeypatch):
     f.write_text("limits: 3\n")
     with pytest.raises(SettingsError, match="a group of settings takes a mapping"):
         load_settings(f)
+
+
+def test_a_bad_value_is_one_line_naming_the_setting_its_flag_and_the_value():
+    """pydantic's own text named an internal class (_Settings) and a web page, over four lines."""
+    with pytest.raises(SettingsError) as e:
+        load_settings(max_batch=0, delay_budget_ms=-5.0)
+    text = str(e.value)
+    assert "\n" not in text and "_Settings" not in text and "pydantic.dev" not in text
+    assert "max_batch (--max-batch): Input should be greater than or equal to 1, got 0" in text
+    assert "delay_budget_ms (--delay-budget-ms): Input should be greater than 0, got -5.0" in text
