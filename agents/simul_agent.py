@@ -34,6 +34,7 @@ stand-alone module named `agents`.
 """
 from __future__ import annotations
 
+import logging
 from argparse import ArgumentParser, Namespace
 
 from simuleval.agents import TextToTextAgent
@@ -48,6 +49,9 @@ from models.shipped import resolve_checkpoint
 from models.step import StreamingDecoder
 from models.decoding import add_decoding_arguments, decoding_options
 from models.step_form import add_step_argument
+from models.stream import SourceTooLong
+
+log = logging.getLogger("simulserve.agent")
 
 
 class AgentError(UserError):
@@ -61,6 +65,7 @@ class SimulStates(AgentStates):
         super().reset()
         self.stream = None    # models.stream.StreamState of the current sentence
         self.n_pushed = 0     # source segments already pushed into the stream
+        self.dropped = 0      # source words left out: past the model's positions (SimulAgent._push)
 
 
 class SimulAgent(TextToTextAgent):
@@ -138,7 +143,7 @@ class SimulAgent(TextToTextAgent):
             return WriteAction("", finished=True)
         new = st.source[st.n_pushed:]
         if new:
-            dec.push(s, [w for w in new if w])
+            self._push(st, [w for w in new if w])
             st.n_pushed = len(st.source)
         if st.source_finished and not s.end_received:
             dec.finish(s)
@@ -152,6 +157,28 @@ class SimulAgent(TextToTextAgent):
         return WriteAction(text, finished=False) if text else ReadAction()
 
     # ---- helpers -------------------------------------------------------------
+    def _push(self, st: SimulStates, words: list[str]) -> None:
+        """The sentence's new words into its stream; past the model's positions the rest of the sentence is left
+        out with a warning (as the server refuses such words), instead of stopping a whole evaluation there."""
+        dec, s = self.decoder, st.stream
+        if st.dropped:
+            st.dropped += len(words)
+            return
+        try:
+            dec.push(s, words)
+            return
+        except SourceTooLong:
+            pass
+        for i, w in enumerate(words):   # (as many as fit, one by one)
+            try:
+                dec.push(s, [w])
+            except SourceTooLong:
+                st.dropped = len(words) - i
+                break
+        log.warning("a source sentence is longer than the model's %d positions (subwords with EOS): from word %d "
+                    "on it is not translated", self.decoder.cfg.max_positions,
+                    len(s.source_words) + len(s.inbox) + 1)
+
     def _close(self, st) -> None:
         s = getattr(st, "stream", None)
         if s is not None:

@@ -187,6 +187,22 @@ def test_agent_bundles_words_and_finishes(trained, trained_decoders, policy):
     assert agent.decoder.pool.in_use == 0  # every sentence's cache slot was freed
 
 
+def test_agent_leaves_out_what_is_past_the_models_positions_and_goes_on(trained, trained_decoders, caplog):
+    """A source over the model's positions (48 in the tiny models) stopped a whole SimulEval run with
+    SourceTooLong; the words that fit are translated as a sentence of just those words would be, the rest is
+    left out with a warning, and the next sentence is unaffected."""
+    agent = SimulAgent.build(trained["waitk"], **SETTINGS["waitk"])
+    words = (" ".join(SOURCES).split() * 20)[:60]
+    with caplog.at_level("WARNING", logger="simulserve.agent"):
+        ins, _ = drive(agent, " ".join(words))
+    assert "longer than the model's 48 positions (subwords with EOS): from word 48 on" in caplog.text
+    fits = simulate(trained_decoders["waitk"], [" ".join(words[:47])], **SETTINGS["waitk"])[0]
+    assert ins.finish_prediction and ins.prediction == fits.prediction
+    ins, _ = drive(agent, SOURCES[1])
+    assert ins.prediction == simulate(trained_decoders["waitk"], [SOURCES[1]], **SETTINGS["waitk"])[0].prediction
+    assert agent.decoder.pool.in_use == 0
+
+
 def test_agent_policy_actions(trained):
     """policy() itself: ReadAction while nothing is complete, WriteAction(finished=True) last."""
     agent = SimulAgent.build(trained["offline"])
