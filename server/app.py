@@ -560,9 +560,14 @@ class Session:
                                 f"exceed max_backlog_words={limits.max_backlog_words}: message rejected, resend later",
                                 msg_id, rejected_words=n)
         limit = eng.cfg.max_positions - 1   # the source EOS takes one position
+        cuts, given = 0, None
+        if self.auto:   # the server cuts the sentences: one with no end in sight is ended where it would overflow
+            plan, given, cuts = cut_long(plan, eng.encode_words, self.open_words, self.open_subwords,
+                                         limits.max_words_per_sentence, limit)
         encoded, ow, osw = [], self.open_words, self.open_subwords
-        for ws, ends in plan:
-            pieces = eng.encode_words(ws)   # once: the engine takes them with the words
+        for i, (ws, ends) in enumerate(plan):
+            # (once: the engine takes them with the words)
+            pieces = given[i] if given is not None else eng.encode_words(ws)
             sw = sum(map(len, pieces))
             if ow + len(ws) > limits.max_words_per_sentence or osw + sw > limit:
                 raise ProtocolError("sentence_too_long", f"the sentence would have {ow + len(ws)} words "
@@ -585,6 +590,11 @@ class Session:
                     eng.end_sentence(self.h, t)
                 self.open_words = self.open_subwords = 0
                 self.open_text = []
+        if cuts:
+            self.reply({"type": "warning", "code": "sentence_cut",
+                        "message": f"no sentence end within {limits.max_words_per_sentence} words or {limit} "
+                                   f"subwords: the server ended the sentence there ({cuts} time(s) in this "
+                                   "message); punctuation, end_sentence or the boundary segmenter cut better"})
         backlog = self.h.backlog
         if backlog > limits.max_backlog_words // 2 and not self.warned:
             self.warned = True
@@ -593,6 +603,40 @@ class Session:
                                             f"{limits.max_backlog_words}); send more slowly"})
         elif backlog <= limits.max_backlog_words // 4:
             self.warned = False
+
+
+def cut_long(plan: list[tuple[list[str], bool]], encode, open_words: int, open_subwords: int, max_words: int,
+             max_subwords: int) -> tuple[list[tuple[list[str], bool]], list[list[list[int]]], int]:
+    """An auto-segmented message's plan ([(words, ends)], protocol.segment) with a sentence end added where the
+    open sentence is full (`max_words` words or `max_subwords` subwords: at once) or before a word that would
+    overflow it (`encode`: words -> their subwords; the open sentence holds `open_words`/`open_subwords` from
+    earlier messages); each entry's words' subwords; the number of ends added. Unpunctuated text (speech
+    recognition, a chat without full stops) would otherwise be refused whole once a sentence got that long: its
+    words lost. A single word too long for an empty sentence is left for the caller's check to refuse."""
+    out, encoded, cuts, ow, osw = [], [], 0, open_words, open_subwords
+    for ws, ends in plan:
+        cur, subwords = [], []
+        for i, (w, pieces) in enumerate(zip(ws, encode(ws))):
+            if (ow or cur) and (ow + 1 > max_words or osw + len(pieces) > max_subwords):
+                # (known only now, a word late: the word before might have been the sentence's last)
+                out.append((cur, True))
+                encoded.append(subwords)
+                cuts += 1
+                cur, subwords, ow, osw = [], [], 0, 0
+            cur.append(w)
+            subwords.append(pieces)
+            ow, osw = ow + 1, osw + len(pieces)
+            if (ow == max_words or osw == max_subwords) and not (ends and i == len(ws) - 1):
+                # full: no next word can join it, so it ends at once (as evaluate's `punct+max:N` cuts)
+                out.append((cur, True))
+                encoded.append(subwords)
+                cuts += 1
+                cur, subwords, ow, osw = [], [], 0, 0
+        out.append((cur, ends))
+        encoded.append(subwords)
+        if ends:
+            ow, osw = 0, 0
+    return out, encoded, cuts
 
 
 def _short(words: list[str], msg_id) -> list[str]:

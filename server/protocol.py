@@ -192,7 +192,9 @@ ERRORS: dict[str, tuple[bool, int | None, str]] = {
                                   "pile up)"),
     "internal_error": (True, 1011, "a server fault; only this stream is affected"),
 }
-WARNINGS = {"slow_down": "over half of max_backlog_words source words are waiting to be read"}
+WARNINGS = {"slow_down": "over half of max_backlog_words source words are waiting to be read",
+            "sentence_cut": "auto_segment: no sentence end within max_words_per_sentence words or the model's "
+                            "positions, so the server ended the sentence there"}
 
 
 def error(code: str, message: str | None = None, msg_id=None, **extra) -> dict:

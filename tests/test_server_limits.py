@@ -138,6 +138,46 @@ def test_flood_backlog_and_sizes_while_a_good_stream_carries_on(server, referenc
             [reference("waitk", {"k": 2}, "haus baum").prediction]
 
 
+def test_auto_segment_cuts_a_sentence_with_no_end_instead_of_refusing_its_words(server, reference):
+    """Unpunctuated text with auto_segment (speech recognition, chat): the server ends the open sentence before
+    the word that would take it past max_words_per_sentence (6 here), over one message and across messages,
+    with a `sentence_cut` warning; every word is translated, each piece as that sentence alone would be.
+    Without auto_segment the same message is refused (the client cuts its own sentences)."""
+    words = "haus baum licht wald mond sonne haus baum licht wald mond sonne haus baum".split()
+    start = {**START, "auto_segment": True}
+    # (messages of at most 5 words, paced: the fixture's backlog takes 8)
+    texts = [{"type": "text", "text": " ".join(words[i:i + n]) + " "} for i, n in ((0, 4), (4, 5), (9, 5))]
+    received, code = asyncio.run(talk(server.url, [start, *texts, {"type": "end_stream"}], pace=lambda: 0.5,
+                                      **server.auth))
+    assert code == 1000 and not codes(received)
+    cuts = [m for m in received if m["type"] == "warning" and m["code"] != "slow_down"]
+    assert [w["code"] for w in cuts] == ["sentence_cut"] * 2 and "(1 time(s)" in cuts[0]["message"]
+    pieces = [" ".join(words[:6]), " ".join(words[6:12]), " ".join(words[12:])]
+    sentences = [m for m in received if m["type"] == "sentence"]
+    assert [m["source"] for m in sentences] == pieces
+    assert [m["translation"] for m in sentences] == [reference("waitk", {"k": 2}, p).prediction for p in pieces]
+    refused, _ = asyncio.run(talk(server.url, [START, {"type": "words", "words": words[:7]}, {"type": "end_stream"}],
+                                  **server.auth))
+    assert codes(refused) == ["sentence_too_long"]
+
+
+def test_cut_long_ends_sentences_where_they_would_overflow():
+    from server.app import cut_long
+
+    def encode(ws):
+        return [[0] * len(w) for w in ws]     # a subword per character
+    plan = [(["aa", "bb", "cc"], True), (["dd", "eeeee", "f"], False)]
+    out, pieces, cuts = cut_long(plan, encode, 0, 0, max_words=2, max_subwords=100)
+    assert out == [(["aa", "bb"], True), (["cc"], True), (["dd", "eeeee"], True), (["f"], False)] and cuts == 2
+    assert pieces == [encode(ws) for ws, _ in out]
+    out, _, cuts = cut_long(plan, encode, 1, 4, max_words=10, max_subwords=6)   # 4 subwords open from before
+    # (full after "aa" and after "f": ended at once; "eeeee" would overflow: ended before it when it comes)
+    assert out == [(["aa"], True), (["bb", "cc"], True), (["dd"], True), (["eeeee", "f"], True), ([], False)]
+    assert cuts == 3
+    out, _, cuts = cut_long([(["x" * 9], False)], encode, 0, 0, max_words=5, max_subwords=6)
+    assert out == [(["x" * 9], False)] and cuts == 0     # one word alone too long: left for the refusal
+
+
 @pytest.mark.filterwarnings("ignore:Using `httpx`")
 def test_not_ready_while_the_models_load(trained):
     from fastapi.testclient import TestClient
