@@ -35,6 +35,7 @@ from server.settings import ServerSettings, load_settings, resolve_models
 log = logging.getLogger("simulserve.server")
 WEB_DIR = Path(__file__).resolve().parents[1] / "clients" / "web"
 MAX_QUEUED_ERRORS = 100    # unsent error replies before a client that does not read is dropped
+FLUSH_POLL_S = 0.2        # idle_timeout with an open sentence: how often to look whether its words are out
 CLOSE_WAIT_S = 5.0         # how long closing may wait on a client that does not read
 LOOP_PROBE_S = 0.05        # the event loop's lateness is sampled this often...
 REFRESH_EVERY = 5          # ...and every 5th sample the headroom is recomputed (4 times a second)
@@ -355,6 +356,7 @@ class Session:
         self.h = None
         self.auto = False
         self.partial = ""                 # a word cut at the end of a text chunk
+        self.flushed = False              # idle_timeout ended its open sentence: it closes once that is translated
         self.open_words = self.open_subwords = 0
         self.boundary = None              # the sentence-boundary classifier, with auto_segment 'boundary'
         self.open_text: list[str] = []    # the open sentence's words, which the classifier reads
@@ -446,7 +448,15 @@ class Session:
                     self.reply(error("start_timeout", f"no `start` within {limits.start_timeout_s:g} s"))
                     self.srv.metrics.refusals.labels("start_timeout").inc()
                 elif await self._translating():
-                    deadline = time.monotonic() + limits.idle_timeout_s   # the client waits for us, not idle
+                    # the client waits for us, not idle (after an idle flush: close once its words are out)
+                    deadline = time.monotonic() + (FLUSH_POLL_S if self.flushed else limits.idle_timeout_s)
+                    continue
+                elif not self.flushed and not self.ended and (self.open_words or self.partial):
+                    # the speaker stopped mid-sentence: its last words are translated and sent before the close,
+                    # as if it had ended the sentence (nothing it said is lost to the timeout)
+                    self.flushed = True
+                    self._accept([self.partial] if self.partial else [], None, "", end=True)
+                    deadline = time.monotonic() + FLUSH_POLL_S
                     continue
                 else:
                     self.reply(error("idle_timeout", f"no valid message for {limits.idle_timeout_s:g} s"))
@@ -475,6 +485,7 @@ class Session:
                 return "fatal"
             if self.h is not None:
                 deadline = time.monotonic() + limits.idle_timeout_s
+                self.flushed = False   # (back after an idle flush: its next silence may flush again)
 
     async def _translating(self) -> bool:
         """The engine still owes this client words: commands not yet applied (end_stream included),

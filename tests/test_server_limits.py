@@ -95,6 +95,18 @@ def test_idle_timeout(server):
     fatal(received, close_code, "idle_timeout")
 
 
+def test_idle_timeout_mid_sentence_translates_the_open_sentence_first(server, reference):
+    """A speaker who stops mid-sentence (no end_sentence, a word cut at the end of a text chunk): at the idle
+    timeout its words are translated as that sentence alone, sent, and only then the stream is closed."""
+    received, close_code = asyncio.run(talk(server.url, [START, {"type": "words", "words": ["haus", "baum"]},
+                                                         {"type": "text", "text": "licht wa"}], **server.auth))
+    assert [m["type"] for m in received][-2:] == ["sentence", "error"]
+    fatal(received, close_code, "idle_timeout")
+    want = reference("waitk", {"k": 2}, "haus baum licht wa")
+    assert received[-2]["source"] == "haus baum licht wa" and received[-2]["translation"] == want.prediction
+    assert [m["text"] for m in received if m["type"] == "word"] == want.prediction.split()
+
+
 def test_flood_backlog_and_sizes_while_a_good_stream_carries_on(server, reference):
     sentences = [s for s, _ in make_pairs(4, min_len=2, max_len=6, seed=41)]
     good = [START] + sentence_messages(sentences) + [{"type": "end_stream"}]
