@@ -133,9 +133,15 @@ def data_dir_sets(data: Path, splits: list[str], names: list[str] | None,
                 raise EvaluationError(f"{src} has no reference file {ref}")
             found.append((name, src, ref))
     if not found:
+        there = sorted(set_name(p, src_lang) for p in data.glob(f"*.{src_lang}")
+                       if p.with_name(p.name[: -len(src_lang)] + tgt_lang).is_file())
+        sets = sorted({n.split(".", 1)[1] for n in there if "." in n and n.split(".", 1)[0] in splits})
+        have = (f"its sets of {'/'.join(splits)}: {', '.join(sets)}" if sets
+                else f"its splits: {', '.join(sorted({n.split('.', 1)[0] for n in there}))}" if there
+                else f"it has no {src_lang}/{tgt_lang} pair of files")
         raise EvaluationError(f"no test sets in {data} for splits {splits}"
                               + (f" and sets {names}" if names else "")
-                              + f" (looked for SPLIT[.NAME].{src_lang} with SPLIT[.NAME].{tgt_lang})")
+                              + f" (looked for SPLIT[.NAME].{src_lang} with SPLIT[.NAME].{tgt_lang}); {have}")
     return found
 
 

@@ -143,7 +143,7 @@ def test_evaluate_draws_a_valid_bleu_al_png_per_set(evaluation_run):
         assert_png(out / f"bleu_al.{name}.png")
 
 
-def test_evaluate_data_directory_shortcut(trained, tmp_path):
+def test_evaluate_data_directory_shortcut(trained, tmp_path, capsys):
     data = tmp_path / "de-en"
     data.mkdir()
     write_set(data, "test", SET_B)
@@ -162,6 +162,11 @@ def test_evaluate_data_directory_shortcut(trained, tmp_path):
     assert code == 0
     res = json.loads((tmp_path / "o2" / "results.json").read_text())
     assert [s["name"] for s in res["sets"]] == ["test.beta"]
+    capsys.readouterr()
+    code = main(["evaluate", "-m", str(trained["waitk"]), "--data", str(data), "--sets", "gamma",
+                 "--output", str(tmp_path / "o3"), "--quiet", "--device", "cpu"])
+    err = capsys.readouterr().err                                # a typo: the error names what there is
+    assert code == 2 and "and sets ['gamma']" in err and "its sets of test: alpha, beta" in err
 
 
 def test_evaluate_refuses_a_too_long_line_before_it_starts(trained, tmp_path, capsys):
