@@ -455,7 +455,11 @@ class Session:
                     # the speaker stopped mid-sentence: its last words are translated and sent before the close,
                     # as if it had ended the sentence (nothing it said is lost to the timeout)
                     self.flushed = True
-                    self._accept([self.partial] if self.partial else [], None, "", end=True)
+                    try:
+                        self._accept([self.partial] if self.partial else [], None, "", end=True)
+                    except ProtocolError:   # the cut word would not fit (backlog, length): the rest is ended
+                        self.partial = ""
+                        self._accept([], None, "", end=True)
                     deadline = time.monotonic() + FLUSH_POLL_S
                     continue
                 else:

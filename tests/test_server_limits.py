@@ -105,6 +105,12 @@ def test_idle_timeout_mid_sentence_translates_the_open_sentence_first(server, re
     want = reference("waitk", {"k": 2}, "haus baum licht wa")
     assert received[-2]["source"] == "haus baum licht wa" and received[-2]["translation"] == want.prediction
     assert [m["text"] for m in received if m["type"] == "word"] == want.prediction.split()
+    # the cut word would take the sentence past max_words_per_sentence (6): the six are translated, it is not
+    six = "haus baum licht wald mond sonne".split()
+    received, close_code = asyncio.run(talk(server.url, [START, {"type": "words", "words": six},
+                                                         {"type": "text", "text": " haus"}], **server.auth))
+    fatal(received, close_code, "idle_timeout")
+    assert received[-2]["translation"] == reference("waitk", {"k": 2}, " ".join(six)).prediction
 
 
 def test_flood_backlog_and_sizes_while_a_good_stream_carries_on(server, reference):
