@@ -24,7 +24,8 @@ The estimate (docs/server.md#admission-by-headroom):
                grows with the cycle
     capacity   the most live streams N whose demand N·r keeps K·cycle(N·r) + the p99 event-loop lateness
                within TARGET × the budget; while the last WINDOW_S seconds hold fewer than MIN_WORDS words (light
-               traffic: no fresh K) at least COLD_STREAMS, unless a measured K says not even the lightest load fits
+               traffic: no fresh K) at least COLD_STREAMS, unless not even the lightest load measured fits (with
+               the measured K, or with K = 1 where none was measured)
     headroom   capacity − live streams; 0 while the measured p99 is over the budget (closed loop: the
                estimate was wrong, or quiet streams came back)
 """
@@ -309,13 +310,14 @@ class Admission:
             k_now = min(MAX_K, max(1.0, lag * recent_rows / sum(x[2] for x in self.recent)))
             self.k = k_now if self.k is None else self.k + (1 - decay) * (k_now - self.k)
         k = PRIOR_K if self.k is None else self.k
-        most = demand_limit(self.cycles.points(), max(0.0, TARGET * self.budget_s - loop) / k)
+        room = max(0.0, TARGET * self.budget_s - loop)   # what the words' lag may take of the budget
+        most = demand_limit(self.cycles.points(), room / k)
         cap = int(most / max(r, 1e-3)) if self.cycles.buckets else COLD_STREAMS
-        if words < MIN_WORDS and (self.k is None or most > 0):
+        if words < MIN_WORDS and (most > 0 or self.k is None and demand_limit(self.cycles.points(), room) > 0):
             # light traffic: K is the prior or from a busier time, and both overstate a few streams' lag in cycles
-            # (5-9 measured at 1-3 speakers, 15-19 at 50-200), so that one speaker's cycle could refuse a second;
-            # a few streams are taken as on a cold server and their words measure K (not where a measured K says
-            # that not even the lightest load fits)
+            # (11-12 measured at 2-3 speakers, 15-19 at 50-200), so that one speaker's cycle could refuse a second;
+            # a few streams are taken as on a cold server and their words measure K. Not where nothing fits: the
+            # lightest load measured over the budget with the measured K, or (K unmeasured) with K = 1
             cap = max(cap, COLD_STREAMS)
         if dt > 0:
             self._freed += max(0, cap - self.cap)

@@ -153,6 +153,16 @@ def test_light_traffic_takes_a_few_streams_whatever_the_prior_says():
     assert e.delay_in_cycles == pytest.approx(4, rel=0.2) and e.capacity > COLD_STREAMS
 
 
+def test_light_traffic_keeps_no_floor_where_one_cycle_is_over_the_budget():
+    """K never measured, and the lone stream's cycle (5 ms) is over the budget's share even if a word took one
+    cycle (a 1 µs budget, as the caption page's busy test uses): one stream at a time, as before."""
+    clock = Clock()
+    adm = Admission(delay_budget_ms=0.001, clock=clock, rng=random.Random(1))
+    light(adm, clock, [0], cycle=0.005, seconds=10)
+    e = adm.current()
+    assert e.delay_in_cycles == 20 and e.capacity == 0 and adm.admit() is not None
+
+
 def test_light_traffic_keeps_no_floor_where_a_measured_k_says_nothing_fits():
     """A 2 ms budget (the flood tests' server): once K is measured, not even the lightest load fits, and light
     traffic after it does not reopen the floor."""
