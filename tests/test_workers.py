@@ -157,6 +157,10 @@ class TestLimits:
     test_allowed_origins = staticmethod(limits.test_allowed_origins)
     test_server_full_then_a_slot_frees = staticmethod(limits.test_server_full_then_a_slot_frees)
     test_idle_timeout = staticmethod(limits.test_idle_timeout)
+    test_idle_timeout_mid_sentence_translates_the_open_sentence_first = staticmethod(
+        limits.test_idle_timeout_mid_sentence_translates_the_open_sentence_first)
+    test_auto_segment_cuts_a_sentence_with_no_end_instead_of_refusing_its_words = staticmethod(
+        limits.test_auto_segment_cuts_a_sentence_with_no_end_instead_of_refusing_its_words)
     test_flood_backlog_and_sizes_while_a_good_stream_carries_on = staticmethod(
         limits.test_flood_backlog_and_sizes_while_a_good_stream_carries_on)
 
