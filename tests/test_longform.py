@@ -212,6 +212,20 @@ def test_segments_longer_than_the_model_holds_are_cut(shipped_gma):
         assert sum(len(shipped_gma.tok.encode_word(w)) for w in words[:n]) + 1 <= 64
 
 
+def test_segments_of_more_words_than_the_server_takes_are_cut_as_it_cuts(shipped_gma):
+    """The live server's auto_segment ends a sentence at max_words_per_sentence words (default 200) as well as at
+    the model's positions; the evaluation cuts there too, with the server's own rule (cut_long)."""
+    from agents.longform import MAX_WORDS, cap_segments
+    from server.app import cut_long
+    from server.settings import ServerSettings
+    assert MAX_WORDS == ServerSettings.model_fields["max_words_per_sentence"].default
+    words = ("ja " * 450).split()                                 # one subword each: the word limit binds
+    cut = cap_segments([(len(words), 1)], words, shipped_gma.tok, 512)
+    assert cut == [(200, 0), (200, 0), (50, 1)]
+    plan, _, _ = cut_long([(words, True)], lambda ws: [shipped_gma.tok.encode_word(w) for w in ws], 0, 0, 200, 511)
+    assert [len(ws) for ws, _ in plan] == [n for n, _ in cut]
+
+
 # ------------------------------------------------------------------ the command, and simulstream's scorers
 
 def write_talk_data(d: Path) -> None:
