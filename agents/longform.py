@@ -45,22 +45,16 @@ class TalkOutput:
     compute_s: float = 0.0
 
 
-# the server's default max_words_per_sentence (server/settings.py; a test holds the two equal): with auto_segment
-# it ends a sentence at that many words as well (server/app.py cut_long)
-MAX_WORDS = 200
-
-
-def cap_segments(cuts: list[tuple[int, int]], words: list[str], tok, max_positions: int,
-                 max_words: int = MAX_WORDS) -> list[tuple[int, int]]:
-    """Cut a segment the model could not hold (subwords + EOS > max_positions) where it fills up, and one of more
-    than `max_words` words at its max_words-th: the live server's `auto_segment` cuts there too. Pieces cut here
-    are known at once (wait 0; live, a cut at the positions is known when the word that does not fit arrives)."""
+def cap_segments(cuts: list[tuple[int, int]], words: list[str], tok, max_positions: int) -> list[tuple[int, int]]:
+    """Cut a segment the model could not hold (subwords + EOS > max_positions) where it fills up: the live
+    server's `auto_segment` cuts there too. Pieces cut here are known at once (wait 0; live, such a cut is known
+    when the word that does not fit arrives)."""
     out, start = [], 0
     for n, wait in cuts:
         cur = sub = 0
         for w in words[start:start + n]:
             k = len(tok.encode_word(w))
-            if cur and (sub + k + 1 > max_positions or cur == max_words):
+            if cur and sub + k + 1 > max_positions:
                 out.append((cur, 0))
                 cur = sub = 0
             cur += 1

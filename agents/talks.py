@@ -79,10 +79,20 @@ def read_docs(path: Path) -> list[str]:
 # be heard before its end was known (0 for punctuation and a maximum length, 1 for the boundary classifier,
 # which judges a gap when the next word arrives).
 
+# the server's default max_words_per_sentence (server/settings.py; a test holds the two equal): its auto_segment
+# ends a sentence at that many words too, so the server's segmenters here do as well
+MAX_WORDS = 200
+
+
+def _server_cap(max_words: int | None) -> int:
+    return MAX_WORDS if max_words is None else min(max_words, MAX_WORDS)
+
+
 def _punctuation(words: list[str], max_words: int | None) -> list[tuple[int, int]]:
-    """The server's auto_segment rule (a word ending in . ! ? …), optionally capped at `max_words`."""
+    """The server's auto_segment rule (a word ending in . ! ? …, or its 200th word), optionally capped at
+    `max_words`."""
     from models.sentence_boundary import cut_stream
-    return cut_stream(words, None, max_words)
+    return cut_stream(words, None, _server_cap(max_words))
 
 
 def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
@@ -94,7 +104,7 @@ def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
 def _boundary(words: list[str], max_words: int | None, model_dir) -> list[tuple[int, int]]:
     """The server's auto_segment 'boundary' rule: punctuation, or the sentence-boundary classifier one word on."""
     from models.sentence_boundary import cut_stream
-    return cut_stream(words, _boundary_model(model_dir), max_words)
+    return cut_stream(words, _boundary_model(model_dir), _server_cap(max_words))
 
 
 _BOUNDARY_MODELS: dict = {}

@@ -311,9 +311,10 @@ class Admission:
             self.k = k_now if self.k is None else self.k + (1 - decay) * (k_now - self.k)
         k = PRIOR_K if self.k is None else self.k
         room = max(0.0, TARGET * self.budget_s - loop)   # what the words' lag may take of the budget
-        most = demand_limit(self.cycles.points(), room / k)
+        points = self.cycles.points()
+        most = demand_limit(points, room / k)
         cap = int(most / max(r, 1e-3)) if self.cycles.buckets else COLD_STREAMS
-        if words < MIN_WORDS and (most > 0 or self.k is None and demand_limit(self.cycles.points(), room) > 0):
+        if words < MIN_WORDS and (most > 0 or self.k is None and demand_limit(points, room) > 0):
             # light traffic: K is the prior or from a busier time, and both overstate a few streams' lag in cycles
             # (11-12 measured at 2-3 speakers, 15-19 at 50-200), so that one speaker's cycle could refuse a second;
             # a few streams are taken as on a cold server and their words measure K. Not where nothing fits: the

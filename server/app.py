@@ -28,6 +28,7 @@ from server.admission import Admission
 from server.engine import ModelEngine
 from server.guard import RATE_EXTENSION, SUBPROTOCOL, IpLimits, TokenBucket, key_from_subprotocols
 from server.metrics import Metrics
+from models.sentence_boundary import ends_sentence
 from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, Start, Text, Words,
                              error, parse_client_message, schemas, segment, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
@@ -357,9 +358,9 @@ class Session:
         self.auto = False
         self.partial = ""                 # a word cut at the end of a text chunk
         self.flushed = False              # idle_timeout ended its open sentence: it closes once that is translated
-        self.open_words = self.open_subwords = 0
+        self.open_subwords = 0
         self.boundary = None              # the sentence-boundary classifier, with auto_segment 'boundary'
-        self.open_text: list[str] = []    # the open sentence's words, which the classifier reads
+        self.open_text: list[str] = []    # the open sentence's words (the classifier reads them)
         self.ended = False
         self.seq = 0
         # messages and pings share one bucket (server/guard.py puts it in the scope)
@@ -451,7 +452,7 @@ class Session:
                     # the client waits for us, not idle (after an idle flush: close once its words are out)
                     deadline = time.monotonic() + (FLUSH_POLL_S if self.flushed else limits.idle_timeout_s)
                     continue
-                elif not self.flushed and not self.ended and (self.open_words or self.partial):
+                elif not self.flushed and not self.ended and (self.open_text or self.partial):
                     # the speaker stopped mid-sentence: its last words are translated and sent before the close,
                     # as if it had ended the sentence (nothing it said is lost to the timeout)
                     self.flushed = True
@@ -562,7 +563,8 @@ class Session:
     def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
         """Validate all of a message's words first (a refused message changes nothing), then enqueue."""
         limits, eng = self.limits, self.engine
-        plan = segment(words, self.auto, self.open_text, self.boundary)
+        # (auto_segment: a sentence also ends at its max_words_per_sentence-th word, the segmenters' shared rule)
+        plan = segment(words, self.auto, self.open_text, self.boundary, limits.max_words_per_sentence)
         if end:
             if plan and not plan[-1][1]:
                 plan[-1] = (plan[-1][0], True)
@@ -577,9 +579,9 @@ class Session:
         limit = eng.cfg.max_positions - 1   # the source EOS takes one position
         cuts, given = 0, None
         if self.auto:   # the server cuts the sentences: one with no end in sight is ended where it would overflow
-            plan, given, cuts = cut_long(plan, eng.encode_words, self.open_words, self.open_subwords,
+            plan, given, cuts = cut_long(plan, eng.encode_words, len(self.open_text), self.open_subwords,
                                          limits.max_words_per_sentence, limit)
-        encoded, ow, osw = [], self.open_words, self.open_subwords
+        encoded, ow, osw = [], len(self.open_text), self.open_subwords
         for i, (ws, ends) in enumerate(plan):
             # (once: the engine takes them with the words)
             pieces = given[i] if given is not None else eng.encode_words(ws)
@@ -596,14 +598,12 @@ class Session:
         for (ws, ends), (pieces, sw) in zip(plan, encoded):
             if ws:
                 eng.push(self.h, ws, t, pieces)
-            self.open_words += len(ws)
             self.open_subwords += sw
-            if self.boundary is not None:
-                self.open_text.extend(ws)
+            self.open_text.extend(ws)
             if ends:
-                if self.open_words:
+                if self.open_text:
                     eng.end_sentence(self.h, t)
-                self.open_words = self.open_subwords = 0
+                self.open_subwords = 0
                 self.open_text = []
         if cuts:
             self.reply({"type": "warning", "code": "sentence_cut",
@@ -622,17 +622,18 @@ class Session:
 
 def cut_long(plan: list[tuple[list[str], bool]], encode, open_words: int, open_subwords: int, max_words: int,
              max_subwords: int) -> tuple[list[tuple[list[str], bool]], list[list[list[int]]], int]:
-    """An auto-segmented message's plan ([(words, ends)], protocol.segment) with a sentence end added where the
-    open sentence is full (`max_words` words or `max_subwords` subwords: at once) or before a word that would
-    overflow it (`encode`: words -> their subwords; the open sentence holds `open_words`/`open_subwords` from
-    earlier messages); each entry's words' subwords; the number of ends added. Unpunctuated text (speech
-    recognition, a chat without full stops) would otherwise be refused whole once a sentence got that long: its
-    words lost. A single word too long for an empty sentence is left for the caller's check to refuse."""
+    """An auto-segmented message's plan ([(words, ends)], protocol.segment, which ends a sentence at its
+    `max_words`-th word) with a sentence end added where the open sentence's subwords fill `max_subwords` (at
+    once) or before a word that would overflow them (`encode`: words -> their subwords; the open sentence holds
+    `open_words`/`open_subwords` from earlier messages); each entry's words' subwords; the sentences ended for a
+    limit, words or subwords. Unpunctuated text (speech recognition, a chat without full stops) would otherwise be
+    refused whole once a sentence got that long: its words lost. A single word too long for an empty sentence is
+    left for the caller's check to refuse."""
     out, encoded, cuts, ow, osw = [], [], 0, open_words, open_subwords
     for ws, ends in plan:
         cur, subwords = [], []
         for i, (w, pieces) in enumerate(zip(ws, encode(ws))):
-            if (ow or cur) and (ow + 1 > max_words or osw + len(pieces) > max_subwords):
+            if (ow or cur) and osw + len(pieces) > max_subwords:
                 # (known only now, a word late: the word before might have been the sentence's last)
                 out.append((cur, True))
                 encoded.append(subwords)
@@ -641,12 +642,14 @@ def cut_long(plan: list[tuple[list[str], bool]], encode, open_words: int, open_s
             cur.append(w)
             subwords.append(pieces)
             ow, osw = ow + 1, osw + len(pieces)
-            if (ow == max_words or osw == max_subwords) and not (ends and i == len(ws) - 1):
-                # full: no next word can join it, so it ends at once (as evaluate's `punct+max:N` cuts)
+            if osw == max_subwords and not (ends and i == len(ws) - 1):
+                # full: no next word can join it, so it ends at once
                 out.append((cur, True))
                 encoded.append(subwords)
                 cuts += 1
                 cur, subwords, ow, osw = [], [], 0, 0
+        if ends and ow == max_words and not (cur and ends_sentence(cur[-1])):
+            cuts += 1   # (segment's end at the word limit: no sentence-final word there)
         out.append((cur, ends))
         encoded.append(subwords)
         if ends:

@@ -306,16 +306,17 @@ def split_text(partial: str, chunk: str) -> tuple[list[str], str]:
     return words, ""
 
 
-def segment(words: list[str], auto: bool, open_words: list[str] = (), boundary=None) -> list[tuple[list[str], bool]]:
-    """[(words, ends_the_sentence)]: with auto segmentation, cut after each sentence-final word and, given a
-    sentence-boundary classifier (models/sentence_boundary.py), before each word where it finds that the
-    open sentence ended (`open_words`: the open sentence's words from earlier messages). A ([], True) entry
-    ends the sentence those earlier words opened."""
+def segment(words: list[str], auto: bool, open_words: list[str] = (), boundary=None,
+            max_words: int | None = None) -> list[tuple[list[str], bool]]:
+    """[(words, ends_the_sentence)]: with auto segmentation, cut after each sentence-final word and after a
+    sentence's `max_words`-th word, and, given a sentence-boundary classifier (models/sentence_boundary.py),
+    before each word where it finds that the open sentence ended (`open_words`: the open sentence's words from
+    earlier messages). A ([], True) entry ends the sentence those earlier words opened."""
     if not auto:
         return [(words, False)] if words else []
     out, cur, tail = [], [], list(open_words)
     for w in words:
-        before, after = word_cuts(tail, w, boundary)
+        before, after = word_cuts(tail, w, boundary, max_words)
         if before:
             out.append((cur, True))
             cur, tail = [], []

@@ -214,16 +214,20 @@ def test_segments_longer_than_the_model_holds_are_cut(shipped_gma):
 
 def test_segments_of_more_words_than_the_server_takes_are_cut_as_it_cuts(shipped_gma):
     """The live server's auto_segment ends a sentence at max_words_per_sentence words (default 200) as well as at
-    the model's positions; the evaluation cuts there too, with the server's own rule (cut_long)."""
-    from agents.longform import MAX_WORDS, cap_segments
+    the model's positions; the evaluation's server segmenters cut there too, with the server's own rule."""
+    from agents.talks import MAX_WORDS, Talk, parse_segmenter
     from server.app import cut_long
+    from server.protocol import segment
     from server.settings import ServerSettings
     assert MAX_WORDS == ServerSettings.model_fields["max_words_per_sentence"].default
     words = ("ja " * 450).split()                                 # one subword each: the word limit binds
-    cut = cap_segments([(len(words), 1)], words, shipped_gma.tok, 512)
-    assert cut == [(200, 0), (200, 0), (50, 1)]
-    plan, _, _ = cut_long([(words, True)], lambda ws: [shipped_gma.tok.encode_word(w) for w in ws], 0, 0, 200, 511)
-    assert [len(ws) for ws, _ in plan] == [n for n, _ in cut]
+    talk = Talk("t/a", "t", [" ".join(words)], ["x"])
+    for spec in ("punct", "boundary", "punct+max:300"):
+        assert parse_segmenter(spec)(talk) == [(200, 0), (200, 0), (50, 0)]
+    assert parse_segmenter("punct+max:30")(talk)[0] == (30, 0)
+    plan, _, cuts = cut_long(segment(words, True, [], None, MAX_WORDS),
+                             lambda ws: [shipped_gma.tok.encode_word(w) for w in ws], 0, 0, MAX_WORDS, 511)
+    assert [len(ws) for ws, _ in plan] == [200, 200, 50] and cuts == 2
 
 
 # ------------------------------------------------------------------ the command, and simulstream's scorers
