@@ -187,11 +187,11 @@ class CTranslate2Peer:
         """Whole sentences -> (target ids without EOS, detokenised text), `batch_size` at a time."""
         ids, texts = [], []
         for start in range(0, len(sentences), batch_size):
-            group = [[i for w in s.split() for i in self.tok.encode_word(w)]
-                     for s in sentences[start:start + batch_size]]
-            out = self.translate_ids(group)
+            words = [s.split() for s in sentences[start:start + batch_size]]
+            out = self.translate_ids([[i for w in ws for i in self.tok.encode_word(w)] for ws in words])
             ids.extend(out)
-            texts.extend(self.tok.decode(x) for x in out)
+            # (as our loop writes them: an <unk> copies the source's unknown characters)
+            texts.extend(self.tok.decode_copying(x, ws) for x, ws in zip(out, words))
         return ids, texts
 
 

@@ -393,10 +393,13 @@ class StreamingDecoder:
         is empty and the sentence ended, else wait for the client (blocked)."""
         inbox, available = s.inbox, len(s.source_tokens) + s.source_finished   # (= s.available)
         moved = False
+        unk = self.tok.unk_id
         while available < need and inbox:
             word, ids = inbox.pop(0)
             s.source_words.append(word)
             s.source_tokens.extend(ids)
+            if unk in ids:
+                s.source_unknown.extend(self.tok.unknown_runs(word, ids))
             available += len(ids)
             moved = True
         if available < need and not inbox and s.end_received and not s.source_finished:
@@ -733,8 +736,11 @@ class StreamingDecoder:
         released = ()
         eos = token == self.cfg.eos_id
         pending = s.pending
-        if pending and (eos or self.tok.starts_word(token, pending[-1])):
-            text = self.tok.decode_word(pending)
+        if pending and (eos or self.tok.word_start[token]):
+            if self.tok.unk_id in pending:   # (its <unk>s copy the source's characters outside the vocabulary)
+                text = self.tok.decode_word(pending, self.tok.copy_unknown(pending, s.source_unknown, s.unknown_used))
+            else:
+                text = self.tok.decode_word(pending)
             s.pending = pending = []
             if text:  # a lone "▁" piece makes no word
                 word = TargetWord(text, len(s.source_words), available)

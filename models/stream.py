@@ -51,6 +51,9 @@ class StreamState:
     source_words: list[str] = field(default_factory=list)
     source_tokens: list[int] = field(default_factory=list)
     inbox: list[tuple[str, list[int]]] = field(default_factory=list)  # received, not yet read
+    # each <unk> piece read (Tokenizer.unknown_runs), and which of them the target copied: what its <unk>s write
+    source_unknown: list = field(default_factory=list)
+    unknown_used: set[int] = field(default_factory=set)
     end_received: bool = False         # the client ended the sentence (the inbox may still hold words)
     source_finished: bool = False      # the policy has read every word and the end
     n_encoded: int = 0                 # source positions whose caches are filled

@@ -141,3 +141,25 @@ def test_translate_command_bad_settings(trained, args, message):
 def test_translate_command_unknown_checkpoint():
     r = translate_cli("--checkpoint", "/no/such/checkpoint", stdin="haus\n")
     assert r.returncode == 2 and "no checkpoint directory" in r.stderr.replace("not found", "no checkpoint directory")
+
+
+def test_unknown_runs_are_copied_by_their_neighbours():
+    """Tokenizer.copy_unknown: a target <unk> takes the source run whose neighbouring pieces match its own, an
+    unused one first; control characters are not copied; with no source run it writes nothing, never "⁇"."""
+    from models.checkpoint import load_checkpoint
+    from models.shipped import shipped_checkpoints
+    tok = load_checkpoint(shipped_checkpoints()["gma_delta1"])[1]
+    runs = []
+    for word in ["Erdoğan", "Łódź."]:
+        runs += tok.unknown_runs(word, tok.encode_word(word))
+    assert [r.text for r in runs] == ["ğ", "Łó", "ź"]
+    target = tok.encode_word("Łódź.")                 # the model copying the second word
+    used = set()
+    copied = tok.copy_unknown(target, runs, used)
+    assert copied == ["Łó", "ź"] and used == {1, 2}   # not "ğ", the first run in order
+    assert tok.decode_word(target, copied) == "Łódź."
+    assert not tok.starts_word(tok.unk_id)            # an <unk> continues its word
+    nul = tok.encode_word("x\x00y")
+    assert tok.unk_id in nul and tok.unknown_runs("x\x00y", nul)[0].text == ""
+    assert tok.decode_word(nul, tok.copy_unknown(nul, [], set())) == "xy"
+    assert tok.decode(nul) != "xy"                    # (what SentencePiece itself writes: "x ⁇ y")

@@ -88,16 +88,21 @@ def test_word_release_and_delays_with_multi_piece_words(piece_tok):
         assert all(w.strip() == w and w for w in r.prediction.split(" ") if r.prediction)
 
 
-def test_unk_is_a_word_of_its_own(piece_tok):
-    """SentencePiece writes <unk> as " ⁇ ": the words the step releases hold no space, whatever piece
-    comes before or after an <unk>, and they join to the tokenizer's own decoding."""
+def test_unk_copies_the_source_inside_its_word(piece_tok):
+    """A written <unk> is no word of its own (SentencePiece's " ⁇ "): it continues its word, whatever piece comes
+    before or after it, and takes the text of the source's run of characters outside the vocabulary."""
     unk, piece = piece_tok.unk_id, next(i for i in range(4, piece_tok.vocab_size) if not piece_tok.starts_word(i))
-    assert piece_tok.starts_word(unk) and piece_tok.starts_word(piece, unk) and not piece_tok.starts_word(piece)
+    assert not piece_tok.starts_word(unk) and not piece_tok.starts_word(piece)
     dec = random_decoder(piece_tok, "gma", seed=3)
     s = dec.new_stream()
-    for token in (piece_tok.encode("haus")[0], unk, piece, unk, dec.cfg.eos_id):
+    dec.push(s, ["haus", "☃☃"])
+    dec._read(s, 100)   # (both words read: their unknown runs known)
+    assert [r.text for r in s.source_unknown] == ["☃☃"]
+    first = piece_tok.encode("haus")
+    for token in (*first, unk, piece, unk, dec.cfg.eos_id):
         dec._write(s, token)
-    assert [w.text for w in s.words] == piece_tok.decode(s.target_tokens[:-1]).split()
+    glued = piece_tok.decode(first).strip() + "☃☃" + piece_tok.decode([piece]).strip() + "☃☃"
+    assert [w.text for w in s.words] == [glued]
 
 
 def test_beam_search_writes_a_complete_sentence(trained_decoders):

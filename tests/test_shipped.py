@@ -79,3 +79,18 @@ def test_translate_command_uses_the_shipped_default(tmp_path):
     assert r.returncode == 0, r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
     assert "god" in line["prediction"].lower() and len(line["delays"]) == len(line["prediction"].split())
+
+
+def test_characters_outside_the_vocabulary_are_copied_not_written_as_unk(decoders):
+    """A name with letters the vocabulary lacks: where the model writes <unk> it copies the source's run of such
+    characters (in its word, by the pieces around it), never SentencePiece's "⁇". Before, gma_delta1 wrote
+    "I live in ⁇ d ⁇ and work in Krak ⁇ w." for the first sentence."""
+    sources = ["Ich wohne in Łódź und arbeite in Kraków.", "Sie leben in Barag Gór, im Land der freien Stämme."]
+    unk = decoders["gma_delta1"].cfg.unk_id
+    tokens = []
+    first, second = simulate(decoders["gma_delta1"], sources, tokens_out=tokens)
+    assert all(unk in t for t in tokens)   # (the model did write <unk>: what this test is about)
+    assert "Łódź" in first.prediction.split() and "Kraków." in first.prediction.split(), first.prediction
+    assert "Gór," in second.prediction.split(), second.prediction
+    for res in (first, second):
+        assert "⁇" not in res.prediction and len(res.delays) == len(res.prediction.split())

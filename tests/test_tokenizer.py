@@ -1,6 +1,6 @@
 """Tokenizer.decode_word, the remembered form of decode(ids).strip() that the step calls once per target word:
 the same text for every piece of the shipped vocabulary and for runs of pieces, before and after its memory
-starts afresh."""
+starts afresh; a word with <unk> is what SentencePiece decodes without its " ⁇ " (given no source text to copy)."""
 from __future__ import annotations
 
 import random
@@ -17,9 +17,12 @@ def test_a_remembered_word_is_what_sentencepiece_decodes(monkeypatch):
     rng = random.Random(0)
     words = [[i] for i in range(tok.vocab_size)]   # every piece, the control pieces and <unk> included
     words += [[rng.randrange(tok.vocab_size) for _ in range(rng.randint(2, 5))] for _ in range(5000)]
+    for ids in words[-500:]:   # words with <unk> anywhere, as the model may write them
+        ids.insert(rng.randint(0, len(ids)), tok.unk_id)
     monkeypatch.setattr(tokenizer_module, "WORD_MEMO", 3000)   # so that the memory starts afresh on the way
     for _ in range(2):   # the second pass answers from memory where it can
         for ids in words:
-            assert tok.decode_word(ids) == tok.decode(ids).strip(), ids
+            assert tok.decode_word(ids) == tok.decode([i for i in ids if i != tok.unk_id]).strip(), ids
     assert 0 < len(tok._words) <= 3000
     assert tok.decode_word([]) == ""
+    assert sum(tok.unk_id in ids for ids in words) > 100   # (the <unk> words were exercised)
