@@ -182,10 +182,19 @@ def test_sigterm_saves_state_and_checkpoint_then_resumes(word_tok, tmp_path):
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == saved + 2
 
 
-def test_bad_recipe_is_a_clear_error(tmp_path):
-    (tmp_path / "bad.yaml").write_text("output: x\nmodel: {}\nlearning_rate: 1\n")
+@pytest.mark.parametrize("text,message", [
+    ("output: x\nmodel: {}\nlearning_rate: 1\n", "unknown training config keys ['learning_rate']"),
+    ("model: {}\nlr: 0.001\n", "missing training config keys ['output']"),
+    ("output: x\nmodel: [\n", "not valid YAML"),
+    ("output: x\nmodel: {}\nlr: fast\n", "lr must be float, got 'fast'"),
+    ("output: x\nmodel: {}\nmax_steps: 1.5\n", "max_steps must be int or null, got 1.5"),
+    ("output: x\nmodel: {}\nmax_epochs: true\n", "max_epochs must be int, got True"),
+    ("output: x\nmodel: {}\ndata: DIR/none\n", "has no spm.model"),
+])
+def test_bad_recipe_is_a_clear_error(tmp_path, text, message):
+    (tmp_path / "bad.yaml").write_text(text.replace("DIR", str(tmp_path)))
     r = cli("-m", "clients.cli", "train", str(tmp_path / "bad.yaml"))
-    assert r.returncode == 2 and "unknown training config keys" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_distributed_training_with_two_gloo_processes(word_tok, tmp_path):

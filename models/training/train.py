@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -96,7 +96,10 @@ def _read_recipe(path: Path, seen: tuple = ()) -> dict:
     import yaml
     if path.resolve() in seen:
         raise UserError(f"{path}: `base:` chain loops back to itself")
-    raw = yaml.safe_load(path.read_text())
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:   # (its message names the line and column)
+        raise UserError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a training config must be a mapping")
     base = raw.pop("base", None)
@@ -131,7 +134,32 @@ def load_train_config(path: str | Path, overrides: dict | None = None,
     if trains_on_gpu(overrides.get("device", raw.get("device")), cuda_available):
         raw.update(gpu)
     raw.update(overrides)
+    missing = [f.name for f in fields(TrainConfig) if f.default is MISSING and f.default_factory is MISSING
+               and f.name not in raw]
+    if missing:
+        raise UserError(f"{path}: missing training config keys {missing}")
+    for f in fields(TrainConfig):
+        if f.name in raw and not _of_type(raw[f.name], f.type):
+            raise UserError(f"{path}: {f.name} must be {f.type.replace(' | None', ' or null')}, "
+                            f"got {raw[f.name]!r}")
     return TrainConfig(**raw)
+
+
+# a recipe's YAML values against TrainConfig's annotations (bool is no number: `lr: yes` is a typo)
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "dict": (dict,), "list": (list, tuple),
+          "tuple": (list, tuple), "bool": (bool,)}
+
+
+def _of_type(value, annotation: str) -> bool:
+    kinds = [k.strip() for k in annotation.split("|")]
+    if value is None:
+        return "None" in kinds
+    allowed = [_TYPES[k] for k in kinds if k in _TYPES]
+    if len(allowed) < len([k for k in kinds if k != "None"]):
+        return True   # (an annotation this check does not know: left to the code that reads it)
+    if isinstance(value, bool) and "bool" not in kinds:
+        return False
+    return any(isinstance(value, t) for t in allowed)
 
 
 LOG_EVERY = 20  # updates per line of OUTPUT/updates.jsonl
@@ -367,6 +395,10 @@ class Trainer:
             torch.set_num_threads(tc.threads)
         self.out = Path(tc.output)
         data = Path(tc.data) if tc.data else None
+        if tokenizer is None and (data is None or not (data / "spm.model").is_file()):
+            raise UserError(f"training needs a data directory with spm.model, train.* and valid.*; "
+                            f"{'the recipe names none (data:)' if data is None else f'{data} has no spm.model'} "
+                            f"(`simulserve prepare-data --out DIR` builds one)")
         self.tok = tokenizer or Tokenizer(data / "spm.model")
         mcfg = dict(tc.model, vocab_size=self.tok.vocab_size, src_lang=tc.src_lang, tgt_lang=tc.tgt_lang,
                     **self.tok.special_ids)
