@@ -78,40 +78,51 @@ def ssl_context(url: str, cafile: str | None, insecure: bool):
 class Captions:
     """Live display: the growing caption line on a terminal, then each sentence with its statistics."""
 
-    def __init__(self, out=sys.stdout, live: bool | None = None, as_json: bool = False, stats: bool = True):
-        self.out, self.as_json, self.stats = out, as_json, stats
-        self.live = (out.isatty() if live is None else live) and not as_json
+    def __init__(self, out=sys.stdout, live: bool | None = None, as_json: bool = False, stats: bool = True,
+                 words: bool = False):
+        # words: every word and sentence message as a JSON line the moment it arrives (a program reading the
+        # pipe: subtitles, a chat bridge), and a "restart" line where a reconnect sends a sentence again
+        self.out, self.as_json, self.stats, self.words = out, as_json or words, stats, words
+        self.live = (out.isatty() if live is None else live) and not self.as_json
         self.current: list[str] = []
+
+    def _line(self, msg: dict) -> None:
+        self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+        self.out.flush()
 
     def word(self, msg: dict) -> None:
         self.current.append(msg["text"])
+        if self.words:
+            self._line(msg)
         if self.live:
             width = shutil.get_terminal_size((100, 20)).columns - 1
             line = " ".join(self.current)
             self.out.write("\r\033[K" + ("…" + line[-width + 1:] if len(line) > width else line))
             self.out.flush()
 
-    def restart(self) -> None:
-        """A reconnect: the unfinished sentence starts again."""
+    def restart(self, sentence: int) -> None:
+        """A reconnect: the unfinished sentences, from number `sentence` on, start again."""
         if self.live and self.current:
             self.out.write("\r\033[K")
+        if self.words:   # (their words so far are void: they come again)
+            self._line({"type": "restart", "sentence": sentence})
         self.current = []
 
     def sentence(self, msg: dict) -> None:
         self.current = []
         if self.as_json:
-            self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
-        else:
-            if self.live:
-                self.out.write("\r\033[K")
-            self.out.write(msg["translation"] + "\n")
-            if self.stats:
-                lat = msg["latency"] or {}
-                scores = "  ".join(f"{k} {v:.2f}" for k, v in lat.items()) or "no output"
-                unread = f"  ({msg['unread_words']} words after the model ended the sentence: not translated)" \
-                    if msg.get("unread_words") else ""
-                self.out.write(f"    [{msg['sentence']}] {msg['source_words']} source words  {scores}  "
-                               f"compute {msg['compute_ms']:.1f} ms{unread}\n")
+            self._line(msg)
+            return
+        if self.live:
+            self.out.write("\r\033[K")
+        self.out.write(msg["translation"] + "\n")
+        if self.stats:
+            lat = msg["latency"] or {}
+            scores = "  ".join(f"{k} {v:.2f}" for k, v in lat.items()) or "no output"
+            unread = f"  ({msg['unread_words']} words after the model ended the sentence: not translated)" \
+                if msg.get("unread_words") else ""
+            self.out.write(f"    [{msg['sentence']}] {msg['source_words']} source words  {scores}  "
+                           f"compute {msg['compute_ms']:.1f} ms{unread}\n")
         self.out.flush()
 
 
@@ -192,7 +203,7 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
             done = len(summary.sentences)
             summary.words = [w for w in summary.words if w["sentence"] < done]
             if captions:
-                captions.restart()
+                captions.restart(done)
             warn(f"simulserve stream: {e}; reconnecting ({failures}/{reconnect}), "
                  f"{len(pending)} unfinished {'messages' if auto_segment else 'sentences'} will be sent again")
         while True:
@@ -393,6 +404,10 @@ def register(sub) -> None:
     p.add_argument("--simulstream-log", metavar="DIR",
                    help="with --reference: write the talk's output as simulstream's scorers read it")
     p.add_argument("--json", action="store_true", help="print each sentence result as a JSON line")
+    p.add_argument("--words", action="store_true",
+                   help="print every word and sentence message as a JSON line as it arrives, for a program "
+                        "reading the output ({\"type\": \"restart\", \"sentence\": N} where a reconnect sends "
+                        "sentence N on again: its words come again)")
     p.add_argument("--no-stats", action="store_true", help="print translations only")
     p.add_argument("--no-live", action="store_true", help="no live caption line, even on a terminal")
     p.set_defaults(func=run)
@@ -409,7 +424,8 @@ def run(args) -> int:
     except (ClientError, OSError) as e:
         print(f"simulserve stream: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
-    captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats)
+    captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats,
+                        words=args.words)
     try:
         with src:
             summary = asyncio.run(stream_lines(
@@ -427,7 +443,7 @@ def run(args) -> int:
     if args.reference:
         return _score_talk(args, summary)
     lat = [s["latency"] for s in summary.sentences if s["latency"]]
-    if lat and not args.json and not args.no_stats:
+    if lat and not (args.json or args.words) and not args.no_stats:
         means = "  ".join(f"{k} {sum(x[k] for x in lat) / len(lat):.2f}" for k in lat[0])
         print(f"{len(summary.sentences)} sentences, {len(summary.words)} words; mean {means}", file=sys.stderr)
     return 0

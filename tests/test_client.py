@@ -73,6 +73,23 @@ def test_paced_stdin_json_and_auto_segment(server, sentences, reference):
     assert all(set(m["latency"]) == {"AL", "LAAL", "AP", "DAL", "CW"} for m in got if m["latency"])
 
 
+def test_words_are_json_lines_as_they_arrive(server, sentences, reference):
+    """`--words`: every word message as a JSON line, then its sentence's; the words join to the translation."""
+    lines, _ = sentences
+    r = cli("stream", "--url", server.url, "--model", "waitk", "--k", "2", "--wpm", "0", "--words",
+            stdin="\n".join(lines[:3]) + "\n", timeout=120, SIMULSERVE_API_KEY=KEY)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [m["type"] for m in got if m["type"] != "word"] == ["sentence"] * 3
+    for i, line in enumerate(lines[:3]):
+        words = [m for m in got if m["type"] == "word" and m["sentence"] == i]
+        end = next(j for j, m in enumerate(got) if m["type"] == "sentence" and m["sentence"] == i)
+        assert all(got.index(w) < end for w in words)   # each word before its sentence's line
+        assert " ".join(w["text"] for w in words) == got[end]["translation"] == \
+            reference("waitk", {"k": 2}, line).prediction
+    assert "mean AL" not in r.stderr   # (the summary is for people; these lines are for a program)
+
+
 def test_clear_messages_when_unreachable_rejected_or_full(server, sentences):
     _, path = sentences
     with socket.socket() as s:

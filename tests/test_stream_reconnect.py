@@ -9,13 +9,15 @@ tests/test_container.py runs the same through nginx with two container replicas.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import socket
 import threading
 import time
 
 import pytest
 
-from clients.stream import ClientError, _consume, stream_lines
+from clients.stream import Captions, ClientError, _consume, stream_lines
 from models.data.synthetic import make_pairs
 from test_server import LiveServer, make_reference
 
@@ -45,6 +47,7 @@ def test_stream_reconnects_after_the_server_restarts(trained):
     first = PortServer(port, models=models).__enter__()
     second = None
     notes: list[str] = []
+    shown = io.StringIO()
 
     def restart():
         nonlocal second
@@ -58,7 +61,7 @@ def test_stream_reconnects_after_the_server_restarts(trained):
         # reconnect=6: the second server may take seconds to load its models on a loaded CI machine, and
         # the default 3 tries (0.5 + 1 + 2 s of back-off) are about a user's patience, not this test's
         summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, reconnect=6,
-                                           warn=notes.append))
+                                           warn=notes.append, captions=Captions(out=shown, live=False, words=True)))
     finally:
         t.join(60)
         for srv in (first, second):
@@ -71,6 +74,17 @@ def test_stream_reconnects_after_the_server_restarts(trained):
         [reference("waitk", {"k": 2}, line).prediction for line in lines]
     for i, sentence in enumerate(summary.sentences):    # no word of a restarted sentence shown twice
         assert " ".join(w["text"] for w in summary.words if w["sentence"] == i) == sentence["translation"]
+    # `--words`: a program reading the lines, dropping what a "restart" voids, has every sentence's words once
+    kept, restarts = [], 0
+    for msg in map(json.loads, shown.getvalue().splitlines()):
+        if msg["type"] == "restart":
+            restarts += 1
+            kept = [m for m in kept if m["sentence"] < msg["sentence"]]
+        elif msg["type"] == "word":
+            kept.append(msg)
+    assert restarts == 1
+    assert [" ".join(m["text"] for m in kept if m["sentence"] == i) for i in range(len(lines))] == \
+        [s["translation"] for s in summary.sentences]
 
 
 @pytest.mark.slow
