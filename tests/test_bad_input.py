@@ -163,3 +163,6 @@ def test_unknown_runs_are_copied_by_their_neighbours():
     assert tok.unk_id in nul and tok.unknown_runs("x\x00y", nul)[0].text == ""
     assert tok.decode_word(nul, tok.copy_unknown(nul, [], set())) == "xy"
     assert tok.decode(nul) != "xy"                    # (what SentencePiece itself writes: "x ⁇ y")
+    # a whole sentence (bench peer's CTranslate2 output) decodes as the loop writes it, word by word
+    source = "Er wohnt in Łódź , nicht in Kraków ."
+    assert tok.decode_copying(tok.encode(source), source.split()) == source
