@@ -1,12 +1,13 @@
-"""agents/plots.py save_png: a figure stored as matplotlib draws it (the same pixels), without the alpha channel
-when every pixel is opaque, and in fewer bytes than matplotlib's own PNG."""
+"""agents/plots.py save_png: a figure stored as matplotlib draws it (in 256 colours, each pixel within a few levels)
+when every pixel is opaque, in less than half the bytes of matplotlib's own PNG; a transparent one keeps its alpha."""
 from __future__ import annotations
 
 import io
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from PIL import Image, ImageChops
+import numpy as np
+from PIL import Image
 
 from agents.plots import save_png
 
@@ -24,7 +25,7 @@ def figure(transparent: bool = False) -> Figure:
     return fig
 
 
-def test_save_png_keeps_the_pixels_in_fewer_bytes(tmp_path):
+def test_save_png_keeps_the_picture_in_fewer_bytes(tmp_path):
     fig = figure()
     plain = io.BytesIO()
     fig.savefig(plain, format="png", dpi=100)
@@ -33,9 +34,10 @@ def test_save_png_keeps_the_pixels_in_fewer_bytes(tmp_path):
     mine.load()
     theirs = Image.open(io.BytesIO(plain.getvalue()))
     theirs.load()
-    assert mine.mode == "RGB" and theirs.mode == "RGBA" and mine.size == theirs.size
-    assert ImageChops.difference(mine, theirs.convert("RGB")).getbbox() is None
-    assert path.stat().st_size < len(plain.getvalue())
+    assert mine.mode == "P" and theirs.mode == "RGBA" and mine.size == theirs.size
+    diff = np.abs(np.asarray(mine.convert("RGB"), dtype=int) - np.asarray(theirs.convert("RGB"), dtype=int))
+    assert diff.max() <= 16 and diff.mean() < 1, (diff.max(), diff.mean())   # (levels of 255)
+    assert path.stat().st_size < 0.5 * len(plain.getvalue())
 
 
 def test_save_png_keeps_a_real_alpha_channel(tmp_path):
