@@ -372,6 +372,7 @@ def register(sub) -> None:
                "  simulserve stream talk.txt --model gma            # one sentence per line, 150 words per minute\n"
                "  cat notes.txt | simulserve stream --auto-segment   # continuous text, cut at . ! ?\n"
                "  simulserve stream talk.txt --url wss://mt.example.org/v1/stream --api-key KEY\n"
+               "  asr | simulserve stream --auto-segment --words | my-subtitler   # JSON lines, word by word\n"
                "exit codes: 0 done, 2 unreachable or not a simulserve server, 3 server full, loading or busy,\n"
                "4 API key or origin rejected, 5 any other refusal",
         formatter_class=argparse.RawDescriptionHelpFormatter)
