@@ -737,10 +737,8 @@ class StreamingDecoder:
         eos = token == self.cfg.eos_id
         pending = s.pending
         if pending and (eos or self.tok.word_start[token]):
-            if self.tok.unk_id in pending:   # (its <unk>s copy the source's characters outside the vocabulary)
-                text = self.tok.decode_word(pending, self.tok.copy_unknown(pending, s.source_unknown, s.unknown_used))
-            else:
-                text = self.tok.decode_word(pending)
+            # (its <unk>s copy the source's characters outside the vocabulary)
+            text = self.tok.word_text(pending, s.source_unknown, s.unknown_used)
             s.pending = pending = []
             if text:  # a lone "▁" piece makes no word
                 word = TargetWord(text, len(s.source_words), available)

@@ -122,18 +122,22 @@ class Tokenizer:
             text = self._words[key] = self.sp.decode(list(ids)).strip()
         return text
 
+    def word_text(self, ids: list[int], runs: list[UnknownRun], used: set[int]) -> str:
+        """A released target word's text: its <unk>s copying the source's unknown `runs` (copy_unknown, `used`
+        updated), the remembered decode_word where it has none (the streaming loop's `_write` and
+        decode_copying both release words through here)."""
+        if self.unk_id in ids:
+            return self.decode_word(ids, self.copy_unknown(ids, runs, used))
+        return self.decode_word(ids)
+
     def decode_copying(self, ids: list[int], source_words: list[str]) -> str:
-        """A whole target sentence (no EOS) as the streaming loop writes it: word by word, each <unk> copying a
-        run of the source's characters outside the vocabulary (copy_unknown), never " ⁇ "."""
+        """A whole target sentence (no EOS) as the streaming loop writes it: word by word (a word ends where the
+        next piece starts one), each <unk> copying a run of the source's characters outside the vocabulary."""
         runs = [r for w in source_words for r in self.unknown_runs(w, self.encode_word(w))]
         used, words, word = set(), [], []
         for i in list(ids) + [self.sp.eos_id()]:
             if word and self.word_start[i]:
-                words.append(self.decode_word(word, self.copy_unknown(word, runs, used)))
+                words.append(self.word_text(word, runs, used))
                 word = []
             word.append(i)
         return " ".join(w for w in words if w)
-
-    def starts_word(self, token: int) -> bool:
-        """Whether `token` begins a new target word."""
-        return self.word_start[token]

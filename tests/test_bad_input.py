@@ -158,7 +158,7 @@ def test_unknown_runs_are_copied_by_their_neighbours():
     copied = tok.copy_unknown(target, runs, used)
     assert copied == ["Łó", "ź"] and used == {1, 2}   # not "ğ", the first run in order
     assert tok.decode_word(target, copied) == "Łódź."
-    assert not tok.starts_word(tok.unk_id)            # an <unk> continues its word
+    assert not tok.word_start[tok.unk_id]            # an <unk> continues its word
     nul = tok.encode_word("x\x00y")
     assert tok.unk_id in nul and tok.unknown_runs("x\x00y", nul)[0].text == ""
     assert tok.decode_word(nul, tok.copy_unknown(nul, [], set())) == "xy"

@@ -91,8 +91,8 @@ def test_word_release_and_delays_with_multi_piece_words(piece_tok):
 def test_unk_copies_the_source_inside_its_word(piece_tok):
     """A written <unk> is no word of its own (SentencePiece's " ⁇ "): it continues its word, whatever piece comes
     before or after it, and takes the text of the source's run of characters outside the vocabulary."""
-    unk, piece = piece_tok.unk_id, next(i for i in range(4, piece_tok.vocab_size) if not piece_tok.starts_word(i))
-    assert not piece_tok.starts_word(unk) and not piece_tok.starts_word(piece)
+    unk, piece = piece_tok.unk_id, next(i for i in range(4, piece_tok.vocab_size) if not piece_tok.word_start[i])
+    assert not piece_tok.word_start[unk] and not piece_tok.word_start[piece]
     dec = random_decoder(piece_tok, "gma", seed=3)
     s = dec.new_stream()
     dec.push(s, ["haus", "☃☃"])
