@@ -45,25 +45,6 @@ class TalkOutput:
     compute_s: float = 0.0
 
 
-def cap_segments(cuts: list[tuple[int, int]], words: list[str], tok, max_positions: int) -> list[tuple[int, int]]:
-    """Cut a segment the model could not hold (subwords + EOS > max_positions) where it fills up: the live
-    server's `auto_segment` cuts there too. Pieces cut here are known at once (wait 0; live, such a cut is known
-    when the word that does not fit arrives)."""
-    out, start = [], 0
-    for n, wait in cuts:
-        cur = sub = 0
-        for w in words[start:start + n]:
-            k = len(tok.encode_word(w))
-            if cur and sub + k + 1 > max_positions:
-                out.append((cur, 0))
-                cur = sub = 0
-            cur += 1
-            sub += k
-        out.append((cur, wait))
-        start += n
-    return out
-
-
 def stream_talks(decoder, talks: list[Talk], segmenter, setting: dict, *, seconds_per_word: float,
                  batch_size: int = 16, progress=None) -> list[TalkOutput]:
     """Translate every talk as one stream cut by `segmenter`; time-stamp every target word."""
@@ -72,7 +53,8 @@ def stream_talks(decoder, talks: list[Talk], segmenter, setting: dict, *, second
     outputs, segments, where = [], [], []
     for ti, talk in enumerate(talks):
         words = talk.words
-        cuts = cap_segments(segmenter(talk), words, decoder.tok, decoder.cfg.max_positions)
+        # (cut where the model's positions would overflow too, with the EOS: as the server's auto_segment)
+        cuts = segmenter(talk, decoder.tok.encode_word, decoder.cfg.max_positions - 1)
         if sum(n for n, _ in cuts) != len(words) or min(n for n, _ in cuts) < 1 or min(w for _, w in cuts) < 0:
             raise TalkError(f"segmenter cut {talk.name} into {cuts}, which does not cover its {len(words)} words")
         outputs.append(TalkOutput(talk, [n for n, _ in cuts]))

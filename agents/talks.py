@@ -75,9 +75,12 @@ def read_docs(path: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ segmenters
-# A segmenter returns [(segment length, wait)]: `wait` is how many words after the segment's last one had to
-# be heard before its end was known (0 for punctuation and a maximum length, 1 for the boundary classifier,
-# which judges a gap when the next word arrives).
+# A segmenter is f(talk, encode=None, max_subwords=None) -> [(segment length, wait)]: `wait` is how many words
+# after the segment's last one had to be heard before its end was known (0 for punctuation and a maximum length,
+# 1 for the boundary classifier, which judges a gap when the next word arrives). Given `encode(word) ->
+# subwords`, every segmenter also ends a segment where it would overflow `max_subwords` (the model's positions
+# less the EOS), as the server's auto_segment does (models/sentence_cutter.py: a word late, or at once where a
+# word fills them).
 
 # the server's default max_words_per_sentence (server/settings.py; a test holds the two equal): its auto_segment
 # ends a sentence at that many words too, so the server's segmenters here do as well
@@ -88,11 +91,11 @@ def _server_cap(max_words: int | None) -> int:
     return MAX_WORDS if max_words is None else min(max_words, MAX_WORDS)
 
 
-def _punctuation(words: list[str], max_words: int | None) -> list[tuple[int, int]]:
+def _punctuation(words: list[str], max_words: int | None, encode, max_subwords) -> list[tuple[int, int]]:
     """The server's auto_segment rule (a word ending in . ! ? …, or its 200th word), optionally capped at
     `max_words`."""
-    from models.sentence_boundary import cut_stream
-    return cut_stream(words, None, _server_cap(max_words))
+    from models.sentence_cutter import cut_stream
+    return cut_stream(words, None, _server_cap(max_words), encode, max_subwords)
 
 
 def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
@@ -101,10 +104,15 @@ def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
     return [(size, 0)] * (n // size) + ([(n % size, 0)] if n % size else [])
 
 
-def _boundary(words: list[str], max_words: int | None, model_dir) -> list[tuple[int, int]]:
+def _fitted(cuts: list[tuple[int, int]], words: list[str], encode, max_subwords) -> list[tuple[int, int]]:
+    from models.sentence_cutter import fit_cuts
+    return cuts if encode is None else fit_cuts(cuts, words, encode, max_subwords)
+
+
+def _boundary(words: list[str], max_words: int | None, model_dir, encode, max_subwords) -> list[tuple[int, int]]:
     """The server's auto_segment 'boundary' rule: punctuation, or the sentence-boundary classifier one word on."""
-    from models.sentence_boundary import cut_stream
-    return cut_stream(words, _boundary_model(model_dir), _server_cap(max_words))
+    from models.sentence_cutter import cut_stream
+    return cut_stream(words, _boundary_model(model_dir), _server_cap(max_words), encode, max_subwords)
 
 
 _BOUNDARY_MODELS: dict = {}
@@ -130,7 +138,8 @@ def _max_suffix(spec: str, name: str) -> int | None:
 
 def _boundary_segmenter(max_words: int | None, model_dir):
     _boundary_model(model_dir)     # a missing or malformed model fails here (SegmenterError), before any work
-    return lambda talk: _boundary(talk.words, max_words, model_dir)
+    return lambda talk, encode=None, max_subwords=None: _boundary(talk.words, max_words, model_dir, encode,
+                                                                  max_subwords)
 
 
 def parse_segmenter(spec: str, boundary_model=None):
@@ -138,22 +147,24 @@ def parse_segmenter(spec: str, boundary_model=None):
     first), 'boundary' and 'boundary+max:N' (punctuation or the sentence-boundary classifier, the server's
     auto_segment 'boundary'; `boundary_model` is its directory, default the shipped one), 'fixed:N' (every
     N words) or 'oracle' (the reference sentence ends: the per-sentence set-up streamed as one talk).
-    Returns f(talk) -> [(segment length, wait)]."""
+    Returns f(talk, encode=None, max_subwords=None) -> [(segment length, wait)] (see above)."""
     spec = spec.strip()
     use_boundary = False
     try:
         if spec.startswith("punct"):
             n = _max_suffix(spec, "punct")
-            return lambda talk: _punctuation(talk.words, n)
+            return lambda talk, encode=None, max_subwords=None: _punctuation(talk.words, n, encode, max_subwords)
         if spec.startswith("boundary"):
             n = _max_suffix(spec, "boundary")
             use_boundary = True
         if spec.startswith("fixed:"):
             n = int(spec.split(":", 1)[1])
             if n >= 1:
-                return lambda talk: _fixed(talk.words, n)
+                return lambda talk, encode=None, max_subwords=None: _fitted(_fixed(talk.words, n), talk.words,
+                                                                            encode, max_subwords)
         if spec == "oracle":
-            return lambda talk: [(n, 0) for n in talk.sentence_lengths]
+            return lambda talk, encode=None, max_subwords=None: _fitted([(n, 0) for n in talk.sentence_lengths],
+                                                                        talk.words, encode, max_subwords)
     except ValueError:
         pass
     else:

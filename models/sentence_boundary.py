@@ -153,35 +153,6 @@ def load_boundary_model(directory: str | Path | None = None) -> BoundaryModel:
 
 # ------------------------------------------------------------------ applying it to a whole stream
 
-def word_cuts(open_words: list[str], word: str, model: BoundaryModel | None,
-              max_words: int | None = None) -> tuple[bool, bool]:
-    """auto_segment's rule for one arriving word, given the open sentence's words: (the open sentence ends
-    before `word` -- the classifier, None for none --, the sentence ends after `word` -- . ! ? … or its
-    `max_words`-th word). The server and `cut_stream` both apply it."""
-    before = model is not None and model.ends_before(open_words, word)
-    n = 1 if before else len(open_words) + 1
-    return before, ends_sentence(word) or (max_words is not None and n >= max_words)
-
-
-def cut_stream(words: list[str], model: BoundaryModel | None, max_words: int | None = None) -> list[tuple[int, int]]:
-    """Cut a word stream as a live server would: [(segment length, words heard after it before its end was
-    known)]. A word ending in . ! ? … ends its sentence at once (wait 0); the classifier (None: none) ends
-    one before the next word (wait 1); `max_words` ends it at its N-th word (wait 0)."""
-    cuts, open_words = [], []
-    for w in words:
-        before, after = word_cuts(open_words, w, model, max_words)
-        if before:
-            cuts.append((len(open_words), 1))
-            open_words = []
-        open_words.append(w)
-        if after:
-            cuts.append((len(open_words), 0))
-            open_words = []
-    if open_words:
-        cuts.append((len(open_words), 0))
-    return cuts
-
-
 def segment_ends(cuts: list[tuple[int, int]]) -> set[int]:
     """Word positions (0-based, in the stream) after which a segment ends, the stream's last word excluded."""
     ends, at = set(), 0

@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from models.sentence_boundary import boundary_scores, cut_stream, load_boundary_model
+from models.sentence_boundary import boundary_scores, load_boundary_model
+from models.sentence_cutter import cut_stream
 from models.training.segmenter import valid_streams
 
 SETS = ["everyday", "unseen", "dialogue", "bible", "ddtp", "libreoffice"]

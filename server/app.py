@@ -28,9 +28,9 @@ from server.admission import Admission
 from server.engine import ModelEngine
 from server.guard import RATE_EXTENSION, SUBPROTOCOL, IpLimits, TokenBucket, key_from_subprotocols
 from server.metrics import Metrics
-from models.sentence_boundary import ends_sentence
+from models.sentence_cutter import LIMITS, NO_CUTS, CutRule, OpenSentence, cut_words
 from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, Start, Text, Words,
-                             error, parse_client_message, schemas, segment, split_text, split_words)
+                             error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
 
 log = logging.getLogger("simulserve.server")
@@ -358,9 +358,8 @@ class Session:
         self.auto = False
         self.partial = ""                 # a word cut at the end of a text chunk
         self.flushed = False              # idle_timeout ended its open sentence: it closes once that is translated
-        self.open_subwords = 0
-        self.boundary = None              # the sentence-boundary classifier, with auto_segment 'boundary'
-        self.open_text: list[str] = []    # the open sentence's words (the classifier reads them)
+        self.rule = NO_CUTS               # where the server ends sentences (auto_segment: models/sentence_cutter.py)
+        self.open = OpenSentence()        # the open sentence's words (the classifier reads them), subwords' count
         self.ended = False
         self.seq = 0
         # messages and pings share one bucket (server/guard.py puts it in the scope)
@@ -452,7 +451,7 @@ class Session:
                     # the client waits for us, not idle (after an idle flush: close once its words are out)
                     deadline = time.monotonic() + (FLUSH_POLL_S if self.flushed else limits.idle_timeout_s)
                     continue
-                elif not self.flushed and not self.ended and (self.open_text or self.partial):
+                elif not self.flushed and not self.ended and (self.open.words or self.partial):
                     # the speaker stopped mid-sentence: its last words are translated and sent before the close,
                     # as if it had ended the sentence (nothing it said is lost to the timeout)
                     self.flushed = True
@@ -531,19 +530,23 @@ class Session:
             policy = engine.policy_for(msg.k, msg.delta)
         except PolicyError as e:
             raise ProtocolError("bad_setting", str(e), msg.id) from None
+        boundary = None
         if msg.segmenter == "boundary":
             if not msg.auto_segment:
                 raise ProtocolError("bad_setting", "segmenter 'boundary' needs auto_segment: true", msg.id)
             if self.srv.boundary is None:
                 raise ProtocolError("bad_setting", "this server has no sentence-boundary classifier: "
                                     f"{self.srv.boundary_error}", msg.id)
-            self.boundary = self.srv.boundary
+            boundary = self.srv.boundary
         h, busy = await self._attach(engine, policy, msg)   # last: a stream refused for any other reason takes no share
         if busy is not None:
             self.reply(busy if msg.id is None else {**busy, "id": msg.id})   # fatal: the sender closes (1013)
             return
         self.engine, self.auto, self.h = engine, msg.auto_segment, h
         limits, c = self.limits, engine.cfg
+        if self.auto:   # (the source EOS takes one of the model's positions)
+            self.rule = CutRule(boundary=boundary, max_words=limits.max_words_per_sentence,
+                                max_subwords=c.max_positions - 1)
         self.reply({
             "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
@@ -563,48 +566,32 @@ class Session:
     def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
         """Validate all of a message's words first (a refused message changes nothing), then enqueue."""
         limits, eng = self.limits, self.engine
-        # (auto_segment: a sentence also ends at its max_words_per_sentence-th word, the segmenters' shared rule)
-        plan = segment(words, self.auto, self.open_text, self.boundary, limits.max_words_per_sentence)
-        if end:
-            if plan and not plan[-1][1]:
-                plan[-1] = (plan[-1][0], True)
-            else:
-                plan.append(([], True))
         n = len(words)
         backlog = self.h.backlog
         if n and backlog + n > limits.max_backlog_words:
             raise ProtocolError("backlog_full", f"{backlog} source words are waiting to be read; {n} more would "
                                 f"exceed max_backlog_words={limits.max_backlog_words}: message rejected, resend later",
                                 msg_id, rejected_words=n)
+        # (auto_segment ends sentences as models/sentence_cutter.py says; without it only the client does)
+        plan, after = cut_words(self.rule, self.open, words, eng.encode_words(words), end)
         limit = eng.cfg.max_positions - 1   # the source EOS takes one position
-        cuts, given = 0, None
-        if self.auto:   # the server cuts the sentences: one with no end in sight is ended where it would overflow
-            plan, given, cuts = cut_long(plan, eng.encode_words, len(self.open_text), self.open_subwords,
-                                         limits.max_words_per_sentence, limit)
-        encoded, ow, osw = [], len(self.open_text), self.open_subwords
-        for i, (ws, ends) in enumerate(plan):
-            # (once: the engine takes them with the words)
-            pieces = given[i] if given is not None else eng.encode_words(ws)
-            sw = sum(map(len, pieces))
-            if ow + len(ws) > limits.max_words_per_sentence or osw + sw > limit:
-                raise ProtocolError("sentence_too_long", f"the sentence would have {ow + len(ws)} words "
-                                    f"({osw + sw} subwords); the limits are {limits.max_words_per_sentence} words and "
-                                    f"{limit} subwords: message rejected, end the sentence earlier",
-                                    msg_id, rejected_words=n)
-            encoded.append((pieces, sw))
-            ow, osw = (0, 0) if ends else (ow + len(ws), osw + sw)
-        self.partial = partial
+        ow, osw = len(self.open.words), self.open.subwords
+        for seg in plan:   # (a single word too long for an empty sentence, or a sentence without auto_segment)
+            ow, osw = ow + len(seg.words), osw + sum(map(len, seg.subwords))
+            if ow > limits.max_words_per_sentence or osw > limit:
+                raise ProtocolError("sentence_too_long", f"the sentence would have {ow} words ({osw} subwords); "
+                                    f"the limits are {limits.max_words_per_sentence} words and {limit} subwords: "
+                                    "message rejected, end the sentence earlier", msg_id, rejected_words=n)
+            if seg.ends:
+                ow, osw = 0, 0
+        self.partial, self.open = partial, after
         t = time.monotonic()
-        for (ws, ends), (pieces, sw) in zip(plan, encoded):
-            if ws:
-                eng.push(self.h, ws, t, pieces)
-            self.open_subwords += sw
-            self.open_text.extend(ws)
-            if ends:
-                if self.open_text:
-                    eng.end_sentence(self.h, t)
-                self.open_subwords = 0
-                self.open_text = []
+        for seg in plan:
+            if seg.words:
+                eng.push(self.h, seg.words, t, seg.subwords)
+            if seg.ends:   # (an ending segment always closes words: of its own, or those open before it)
+                eng.end_sentence(self.h, t)
+        cuts = sum(seg.why in LIMITS for seg in plan)
         if cuts:
             self.reply({"type": "warning", "code": "sentence_cut",
                         "message": f"no sentence end within {limits.max_words_per_sentence} words or {limit} "
@@ -618,43 +605,6 @@ class Session:
                                             f"{limits.max_backlog_words}); send more slowly"})
         elif backlog <= limits.max_backlog_words // 4:
             self.warned = False
-
-
-def cut_long(plan: list[tuple[list[str], bool]], encode, open_words: int, open_subwords: int, max_words: int,
-             max_subwords: int) -> tuple[list[tuple[list[str], bool]], list[list[list[int]]], int]:
-    """An auto-segmented message's plan ([(words, ends)], protocol.segment, which ends a sentence at its
-    `max_words`-th word) with a sentence end added where the open sentence's subwords fill `max_subwords` (at
-    once) or before a word that would overflow them (`encode`: words -> their subwords; the open sentence holds
-    `open_words`/`open_subwords` from earlier messages); each entry's words' subwords; the sentences ended for a
-    limit, words or subwords. Unpunctuated text (speech recognition, a chat without full stops) would otherwise be
-    refused whole once a sentence got that long: its words lost. A single word too long for an empty sentence is
-    left for the caller's check to refuse."""
-    out, encoded, cuts, ow, osw = [], [], 0, open_words, open_subwords
-    for ws, ends in plan:
-        cur, subwords = [], []
-        for i, (w, pieces) in enumerate(zip(ws, encode(ws))):
-            if (ow or cur) and osw + len(pieces) > max_subwords:
-                # (known only now, a word late: the word before might have been the sentence's last)
-                out.append((cur, True))
-                encoded.append(subwords)
-                cuts += 1
-                cur, subwords, ow, osw = [], [], 0, 0
-            cur.append(w)
-            subwords.append(pieces)
-            ow, osw = ow + 1, osw + len(pieces)
-            if osw == max_subwords and not (ends and i == len(ws) - 1):
-                # full: no next word can join it, so it ends at once
-                out.append((cur, True))
-                encoded.append(subwords)
-                cuts += 1
-                cur, subwords, ow, osw = [], [], 0, 0
-        if ends and ow == max_words and not (cur and ends_sentence(cur[-1])):
-            cuts += 1   # (segment's end at the word limit: no sentence-final word there)
-        out.append((cur, ends))
-        encoded.append(subwords)
-        if ends:
-            ow, osw = 0, 0
-    return out, encoded, cuts
 
 
 def _short(words: list[str], msg_id) -> list[str]:

@@ -19,7 +19,6 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, \
     ValidationError
 
-from models.sentence_boundary import word_cuts
 
 MessageId = Union[StrictStr, StrictInt, None]
 MAX_ID_CHARS = 128          # an `id` is echoed in replies: it must not make them large
@@ -304,30 +303,6 @@ def split_text(partial: str, chunk: str) -> tuple[list[str], str]:
     if words and not buf[-1].isspace():
         return words[:-1], words[-1]
     return words, ""
-
-
-def segment(words: list[str], auto: bool, open_words: list[str] = (), boundary=None,
-            max_words: int | None = None) -> list[tuple[list[str], bool]]:
-    """[(words, ends_the_sentence)]: with auto segmentation, cut after each sentence-final word and after a
-    sentence's `max_words`-th word, and, given a sentence-boundary classifier (models/sentence_boundary.py),
-    before each word where it finds that the open sentence ended (`open_words`: the open sentence's words from
-    earlier messages). A ([], True) entry ends the sentence those earlier words opened."""
-    if not auto:
-        return [(words, False)] if words else []
-    out, cur, tail = [], [], list(open_words)
-    for w in words:
-        before, after = word_cuts(tail, w, boundary, max_words)
-        if before:
-            out.append((cur, True))
-            cur, tail = [], []
-        cur.append(w)
-        tail.append(w)
-        if after:
-            out.append((cur, True))
-            cur, tail = [], []
-    if cur:
-        out.append((cur, False))
-    return out
 
 
 def schemas() -> dict:

@@ -108,12 +108,13 @@ def test_missing_docs_file_says_how_to_get_it(tmp_path):
 # ------------------------------------------------------------------ segmenters
 
 def test_segmenters_cut_where_they_say():
-    from server.protocol import segment
+    from models.sentence_boundary import ends_sentence
 
     t = talk("a", TALK_A + TALK_B)
     words = t.words
     punct = parse_segmenter("punct")(t)
-    assert punct == [(len(ws), 0) for ws, _ in segment(words, True)]      # the server's auto_segment rule
+    ends = [i + 1 for i, w in enumerate(words) if ends_sentence(w)]      # after each . ! ? …, at once
+    assert punct == [(b - a, 0) for a, b in zip([0] + ends, ends + [len(words)]) if b > a]
     assert sum(n for n, _ in punct) == len(words)
     capped = [n for n, _ in parse_segmenter("punct+max:6")(t)]
     assert sum(capped) == len(words) and max(capped) <= 6 and len(capped) > len(punct)
@@ -191,7 +192,7 @@ def test_an_end_known_one_word_later_delays_the_words_written_after_it(shipped_g
     t, spw = talk("c", TALK_C), 0.4
     at_once = [(n, 0) for n in t.sentence_lengths]
     later = [(n, 1) for n in t.sentence_lengths]
-    a, b = (stream_talks(shipped_gma, [t], lambda _t, c=c: c, {"delta": 1.0}, seconds_per_word=spw)[0]
+    a, b = (stream_talks(shipped_gma, [t], lambda _t, *_, c=c: c, {"delta": 1.0}, seconds_per_word=spw)[0]
             for c in (at_once, later))
     assert a.words == b.words
     diff = [y - x for x, y in zip(a.ideal, b.ideal)]
@@ -202,32 +203,40 @@ def test_an_end_known_one_word_later_delays_the_words_written_after_it(shipped_g
 
 
 def test_segments_longer_than_the_model_holds_are_cut(shipped_gma):
-    from agents.longform import cap_segments
+    """Every segmenter also ends a segment where the model's positions would overflow, as auto_segment does: before
+    the word that does not fit (known when it arrives: wait 1), or at once after a word that fills them."""
+    from agents.talks import Talk
 
+    tok = shipped_gma.tok
     words = ("Donaudampfschifffahrtsgesellschaftskapitän " * 120).split()
-    cut = cap_segments([(len(words), 1)], words, shipped_gma.tok, 64)
-    assert sum(n for n, _ in cut) == len(words) and len(cut) > 1
-    assert [w for _, w in cut] == [0] * (len(cut) - 1) + [1]     # the last piece keeps the segment's wait
-    for n, _ in cut:
-        assert sum(len(shipped_gma.tok.encode_word(w)) for w in words[:n]) + 1 <= 64
+    talk_ = Talk("t/a", "t", [" ".join(words)], ["x"])
+    for spec in ("punct", "boundary", "fixed:500", "oracle"):
+        cut = parse_segmenter(spec)(talk_, tok.encode_word, 63)
+        assert sum(n for n, _ in cut) == len(words) and len(cut) > 1, spec
+        at = 0
+        for i, (n, wait) in enumerate(cut):
+            used = sum(len(tok.encode_word(w)) for w in words[at:at + n])
+            assert used <= 63, spec
+            if i < len(cut) - 1:
+                assert wait == (0 if used == 63 else 1), spec
+            at += n
+        assert cut[-1][1] == 0
+    assert parse_segmenter("punct")(talk_) == [(len(words), 0)]     # (without `encode`: no positions to fit)
 
 
 def test_segments_of_more_words_than_the_server_takes_are_cut_as_it_cuts(shipped_gma):
     """The live server's auto_segment ends a sentence at max_words_per_sentence words (default 200) as well as at
-    the model's positions; the evaluation's server segmenters cut there too, with the server's own rule."""
+    the model's positions; the evaluation's server segmenters cut there too (tests/test_sentence_cutter.py holds
+    a real server to the same cuts)."""
     from agents.talks import MAX_WORDS, Talk, parse_segmenter
-    from server.app import cut_long
-    from server.protocol import segment
     from server.settings import ServerSettings
     assert MAX_WORDS == ServerSettings.model_fields["max_words_per_sentence"].default
     words = ("ja " * 450).split()                                 # one subword each: the word limit binds
     talk = Talk("t/a", "t", [" ".join(words)], ["x"])
     for spec in ("punct", "boundary", "punct+max:300"):
         assert parse_segmenter(spec)(talk) == [(200, 0), (200, 0), (50, 0)]
+        assert parse_segmenter(spec)(talk, shipped_gma.tok.encode_word, 255) == [(200, 0), (200, 0), (50, 0)]
     assert parse_segmenter("punct+max:30")(talk)[0] == (30, 0)
-    plan, _, cuts = cut_long(segment(words, True, [], None, MAX_WORDS),
-                             lambda ws: [shipped_gma.tok.encode_word(w) for w in ws], 0, 0, MAX_WORDS, 511)
-    assert [len(ws) for ws, _ in plan] == [200, 200, 50] and cuts == 2
 
 
 # ------------------------------------------------------------------ the command, and simulstream's scorers

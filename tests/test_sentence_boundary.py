@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from models.sentence_boundary import (BoundaryModel, SegmenterError, boundary_scores, cut_stream, gap_features,
-                                      hash_features, load_boundary_model, segment_ends)
+from models.sentence_boundary import (BoundaryModel, SegmenterError, boundary_scores, gap_features, hash_features,
+                                      load_boundary_model, segment_ends)
+from models.sentence_cutter import cut_stream
 
 BUCKETS = 4096
 

@@ -179,26 +179,6 @@ def test_auto_segment_cuts_a_sentence_with_no_end_instead_of_refusing_its_words(
     assert codes(refused) == ["sentence_too_long"]
 
 
-def test_cut_long_ends_sentences_where_they_would_overflow():
-    from server.app import cut_long
-    from server.protocol import segment
-
-    def encode(ws):
-        return [[0] * len(w) for w in ws]     # a subword per character
-    # the word limit is segment's (after a sentence's 2nd word here); cut_long counts those ends with its own
-    words = ["aa", "bb", "cc.", "dd", "eeeee", "f"]
-    out, pieces, cuts = cut_long(segment(words, True, [], None, 2), encode, 0, 0, max_words=2, max_subwords=100)
-    assert out == [(["aa", "bb"], True), (["cc."], True), (["dd", "eeeee"], True), (["f"], False)] and cuts == 2
-    assert pieces == [encode(ws) for ws, _ in out]
-    plan = [(["aa", "bb", "cc"], True), (["dd", "eeeee", "f"], False)]
-    out, _, cuts = cut_long(plan, encode, 1, 4, max_words=10, max_subwords=6)   # 4 subwords open from before
-    # (full after "aa" and after "f": ended at once; "eeeee" would overflow: ended before it when it comes)
-    assert out == [(["aa"], True), (["bb", "cc"], True), (["dd"], True), (["eeeee", "f"], True), ([], False)]
-    assert cuts == 3
-    out, _, cuts = cut_long([(["x" * 9], False)], encode, 0, 0, max_words=5, max_subwords=6)
-    assert out == [(["x" * 9], False)] and cuts == 0     # one word alone too long: left for the refusal
-
-
 @pytest.mark.filterwarnings("ignore:Using `httpx`")
 def test_not_ready_while_the_models_load(trained):
     from fastapi.testclient import TestClient

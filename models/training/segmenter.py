@@ -138,7 +138,8 @@ def valid_streams(data: Path, sets: list[str], src_lang: str, split: str = "vali
 
 def choose_threshold(model, streams: dict[str, list[list[list[str]]]]) -> tuple[float, dict]:
     """The threshold with the best F1 averaged over the sets (each set weighs the same)."""
-    from models.sentence_boundary import boundary_scores, cut_stream
+    from models.sentence_boundary import boundary_scores
+    from models.sentence_cutter import cut_stream
     best = None
     for t in [x / 20 for x in range(2, 20)]:
         model.threshold = t
@@ -153,7 +154,8 @@ def choose_threshold(model, streams: dict[str, list[list[list[str]]]]) -> tuple[
 def run(args) -> int:
     import torch
 
-    from models.sentence_boundary import BoundaryModel, boundary_scores, cut_stream
+    from models.sentence_boundary import BoundaryModel, boundary_scores
+    from models.sentence_cutter import cut_stream
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
