@@ -34,6 +34,11 @@ def alignment_data(decoder, sentence: str, k=None, delta=None) -> dict:
     def piece(i: int) -> str:
         return "</s>" if i == eos else tok.sp.id_to_piece(i)
 
+    def labelled(ids: list[int], unknown: list[str]) -> list[str]:
+        """Pieces as axis labels, each <unk> as the characters it stands for (as the words are written)."""
+        texts = iter(unknown)
+        return [(next(texts, "") or UNK_LABEL) if i == tok.unk_id else piece(i) for i in ids]
+
     rows = len(s.record)  # a length-capped final EOS is written without a decoder step
     layers = len(s.record[0]["attention"]) if rows else 0
     cols = s.available
@@ -48,8 +53,10 @@ def alignment_data(decoder, sentence: str, k=None, delta=None) -> dict:
         "sentence": sentence,
         "translation": r.prediction,
         "policy": s.policy.describe(),
-        "source_pieces": [piece(i) for i in s.source_tokens] + (["</s>"] if s.source_finished else []),
-        "target_pieces": [piece(i) for i in s.target_tokens[:rows]],
+        "source_pieces": labelled(s.source_tokens, [run.text for run in s.source_unknown])
+        + (["</s>"] if s.source_finished else []),
+        "target_pieces": labelled(s.target_tokens[:rows],
+                                  target_unknown(tok, s.target_tokens[:rows], s.source_unknown)),
         "token_delays": s.token_delays[:rows],
         "word_delays": r.delays,
         "attention": matrices,  # [layer][target][source], None = not visible
@@ -57,6 +64,16 @@ def alignment_data(decoder, sentence: str, k=None, delta=None) -> dict:
               for layer in range(layers)],
         "n": [[rec["n"][layer] for rec in s.record] for layer in range(layers)],
     }
+
+
+UNK_LABEL = "<unk>"   # a piece outside the vocabulary with no characters of the source to stand for
+
+
+def target_unknown(tok, ids: list[int], runs) -> list[str]:
+    """What each <unk> of the target pieces `ids` copied of the source's unknown `runs`, word by word as the
+    streaming loop releases words (Tokenizer.word_text)."""
+    used = set()
+    return [text for word in tok.word_groups(ids) for text in tok.copy_unknown(word, runs, used)]
 
 
 def register(sub) -> None:

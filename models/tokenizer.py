@@ -134,10 +134,17 @@ class Tokenizer:
         """A whole target sentence (no EOS) as the streaming loop writes it: word by word (a word ends where the
         next piece starts one), each <unk> copying a run of the source's characters outside the vocabulary."""
         runs = [r for w in source_words for r in self.unknown_runs(w, self.encode_word(w))]
-        used, words, word = set(), [], []
-        for i in list(ids) + [self.sp.eos_id()]:
+        used = set()
+        words = [self.word_text(word, runs, used) for word in self.word_groups(ids)]
+        return " ".join(w for w in words if w)
+
+    def word_groups(self, ids: list[int]) -> list[list[int]]:
+        """Target pieces grouped into words as the streaming loop releases them: a word ends where the next piece
+        starts one."""
+        words, word = [], []
+        for i in ids:
             if word and self.word_start[i]:
-                words.append(self.word_text(word, runs, used))
+                words.append(word)
                 word = []
             word.append(i)
-        return " ".join(w for w in words if w)
+        return words + [word] if word else words

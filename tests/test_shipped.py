@@ -94,3 +94,16 @@ def test_characters_outside_the_vocabulary_are_copied_not_written_as_unk(decoder
     assert "Gór," in second.prediction.split(), second.prediction
     for res in (first, second):
         assert "⁇" not in res.prediction and len(res.delays) == len(res.prediction.split())
+
+
+def test_plot_alignment_labels_unknown_pieces_with_their_characters(decoders):
+    """The alignment plot's axes show each <unk> piece as the characters it stands for: the source's run, and on
+    the target side what the written word copied (the same pieces the translation's words are made of)."""
+    from agents.plot_alignment import alignment_data
+    data = alignment_data(decoders["gma_delta1"], "Ich wohne in Łódź und arbeite in Kraków.")
+    tok = decoders["gma_delta1"].tok
+    assert "<unk>" not in data["source_pieces"] and "<unk>" not in data["target_pieces"]
+    runs = [r.text for r in tok.unknown_runs("Łódź", tok.encode_word("Łódź"))]
+    assert runs and all(r in data["source_pieces"] for r in runs)
+    written = "".join(p for p in data["target_pieces"] if p != "</s>").replace("\u2581", " ").split()
+    assert written == data["translation"].split()
