@@ -159,7 +159,8 @@ async def _open(url: str, headers: dict, ssl_ctx, open_timeout: float):
 
 
 async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: float = 150.0,
-                       auto_segment: bool = False, segmenter: str = "punct", api_key: str | None = None,
+                       auto_segment: bool = False, segmenter: str = "punct", end_after_pause: float | None = None,
+                       api_key: str | None = None,
                        ssl_ctx=None, captions: Captions | None = None, open_timeout: float = 10.0, reconnect: int = 3,
                        busy_wait: float = 300.0, warn=lambda text: print(text, file=sys.stderr)) -> Summary:
     """Stream `lines` (one sentence per line, or continuous text with auto_segment) and collect results.
@@ -184,7 +185,8 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
         before = len(summary.sentences)
         try:
             await _one_connection(ws, it, pending, summary, model=model, k=k, delta=delta, wpm=wpm,
-                                  auto_segment=auto_segment, segmenter=segmenter, captions=captions, warn=warn)
+                                  auto_segment=auto_segment, segmenter=segmenter, end_after_pause=end_after_pause,
+                                  captions=captions, warn=warn)
             return summary
         except _Busy as e:
             now = time.monotonic()
@@ -236,7 +238,7 @@ def _consume(pending: list[list[str]], msg: dict, auto_segment: bool) -> None:
 
 
 async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta, wpm, auto_segment, captions,
-                          warn, segmenter: str = "punct") -> None:
+                          warn, segmenter: str = "punct", end_after_pause: float | None = None) -> None:
     """One websocket: send what `pending` holds, then the rest of `it`; return on `end`."""
     from websockets.exceptions import ConnectionClosed
     budget = asyncio.Condition()
@@ -283,6 +285,8 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
         start = {"type": "start", "auto_segment": auto_segment}
         if auto_segment and segmenter != "punct":    # a server older than the field still takes the default
             start["segmenter"] = segmenter
+        if end_after_pause is not None:
+            start["end_after_pause_s"] = end_after_pause
         start.update({key: v for key, v in (("model", model), ("k", k), ("delta", delta)) if v is not None})
         await send(start)
         await ready.wait()
@@ -389,6 +393,9 @@ def register(sub) -> None:
     p.add_argument("--segmenter", choices=("punct", "boundary"), default="punct",
                    help="with --auto-segment: punct (a sentence ends after . ! ? …, the default) or boundary (also "
                         "where the server's sentence-boundary classifier finds an end: titles, list items)")
+    p.add_argument("--end-after-pause", type=float, metavar="S",
+                   help="with --auto-segment: the server ends the open sentence when no words have come for S "
+                        "seconds (a live pipe whose speaker paused: its last words are translated then)")
     p.add_argument("--api-key", default=os.environ.get("SIMULSERVE_API_KEY"), help="($SIMULSERVE_API_KEY)")
     p.add_argument("--cafile", help="CA bundle to verify a wss:// server")
     p.add_argument("--insecure", action="store_true", help="do not verify the wss:// certificate")
@@ -421,6 +428,9 @@ def run(args) -> int:
             raise ClientError("--reference scores a talk: give the talk's file, --auto-segment and a --wpm > 0", 2)
         if args.segmenter != "punct" and not args.auto_segment:
             raise ClientError(f"--segmenter {args.segmenter} chooses how --auto-segment cuts: add --auto-segment", 2)
+        if args.end_after_pause is not None and not (args.auto_segment and 0 < args.end_after_pause <= 3600):
+            raise ClientError("--end-after-pause S ends --auto-segment's open sentence after a pause of S seconds "
+                              "(0 < S <= 3600): add --auto-segment", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
     except (ClientError, OSError) as e:
         print(f"simulserve stream: {e}", file=sys.stderr)
@@ -431,7 +441,8 @@ def run(args) -> int:
         with src:
             summary = asyncio.run(stream_lines(
                 url, (line for line in src), model=args.model, k=args.k, delta=args.delta, wpm=args.wpm,
-                auto_segment=args.auto_segment, segmenter=args.segmenter, api_key=args.api_key,
+                auto_segment=args.auto_segment, segmenter=args.segmenter, end_after_pause=args.end_after_pause,
+                api_key=args.api_key,
                 reconnect=args.reconnect, busy_wait=args.busy_wait,
                 ssl_ctx=ssl_context(url, args.cafile, args.insecure), captions=captions))
     except ClientError as e:

@@ -358,6 +358,8 @@ class Session:
         self.auto = False
         self.partial = ""                 # a word cut at the end of a text chunk
         self.flushed = False              # idle_timeout ended its open sentence: it closes once that is translated
+        self.pause_s: float | None = None  # start's end_after_pause_s: a pause this long ends the open sentence
+        self.pause_at: float | None = None  # when, if no message comes before (monotonic clock)
         self.rule = NO_CUTS               # where the server ends sentences (auto_segment: models/sentence_cutter.py)
         self.open = OpenSentence()        # the open sentence's words (the classifier reads them), subwords' count
         self.ended = False
@@ -441,9 +443,17 @@ class Session:
         limits = self.limits
         deadline = time.monotonic() + limits.start_timeout_s
         while True:
+            pause = self.pause_at is not None and self.pause_at <= deadline   # (the pause's end comes first)
             try:
-                frame = await asyncio.wait_for(self.ws.receive(), max(0.0, deadline - time.monotonic()))
+                frame = await asyncio.wait_for(self.ws.receive(),
+                                               max(0.0, (self.pause_at if pause else deadline) - time.monotonic()))
             except TimeoutError:
+                if pause:
+                    # the speaker paused mid-sentence (end_after_pause_s): its sentence ends and its last words are
+                    # translated now; the stream stays open, and the idle deadline runs on from the last message
+                    self.pause_at = None
+                    self._end_open_sentence(keep_cut_word=True)
+                    continue
                 if self.h is None:
                     self.reply(error("start_timeout", f"no `start` within {limits.start_timeout_s:g} s"))
                     self.srv.metrics.refusals.labels("start_timeout").inc()
@@ -455,11 +465,7 @@ class Session:
                     # the speaker stopped mid-sentence: its last words are translated and sent before the close,
                     # as if it had ended the sentence (nothing it said is lost to the timeout)
                     self.flushed = True
-                    try:
-                        self._accept([self.partial] if self.partial else [], None, "", end=True)
-                    except ProtocolError:   # the cut word would not fit (backlog, length): the rest is ended
-                        self.partial = ""
-                        self._accept([], None, "", end=True)
+                    self._end_open_sentence()
                     deadline = time.monotonic() + FLUSH_POLL_S
                     continue
                 else:
@@ -490,6 +496,8 @@ class Session:
             if self.h is not None:
                 deadline = time.monotonic() + limits.idle_timeout_s
                 self.flushed = False   # (back after an idle flush: its next silence may flush again)
+                self.pause_at = time.monotonic() + self.pause_s \
+                    if self.pause_s and not self.ended and (self.open.words or self.partial) else None
 
     async def _translating(self) -> bool:
         """The engine still owes this client words: commands not yet applied (end_stream included),
@@ -543,6 +551,7 @@ class Session:
             self.reply(busy if msg.id is None else {**busy, "id": msg.id})   # fatal: the sender closes (1013)
             return
         self.engine, self.auto, self.h = engine, msg.auto_segment, h
+        self.pause_s = None if msg.end_after_pause_s is None else float(msg.end_after_pause_s)
         limits, c = self.limits, engine.cfg
         if self.auto:   # (the source EOS takes one of the model's positions)
             self.rule = CutRule(boundary=boundary, max_words=limits.max_words_per_sentence,
@@ -551,6 +560,7 @@ class Session:
             "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
             "auto_segment": self.auto, "segmenter": msg.segmenter if self.auto else None,
+            "end_after_pause_s": self.pause_s,
             "limits": {"max_words_per_sentence": limits.max_words_per_sentence,
                        "max_backlog_words": limits.max_backlog_words,
                        "max_message_bytes": limits.max_message_bytes, "rate_limit": limits.rate_limit,
@@ -562,6 +572,17 @@ class Session:
         `--workers N` asks the engine process for both (server/frontend.py)."""
         busy = engine.admit()
         return (None, busy) if busy is not None else (engine.attach(policy, self.out, self.kill), None)
+
+    def _end_open_sentence(self, keep_cut_word: bool = False) -> None:
+        """End the open sentence as end_sentence would, a word cut at the end of a text chunk included (an idle
+        flush, a pause). Where that word does not fit (backlog, length) the rest is ended, and the word dropped
+        (the stream closes) or, `keep_cut_word`, kept to open the next sentence."""
+        try:
+            self._accept([self.partial] if self.partial else [], None, "", end=True)
+        except ProtocolError:
+            cut = self.partial if keep_cut_word else ""
+            self._accept([], None, "", end=True)
+            self.partial = cut
 
     def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
         """Validate all of a message's words first (a refused message changes nothing), then enqueue."""

@@ -24,6 +24,7 @@ MessageId = Union[StrictStr, StrictInt, None]
 MAX_ID_CHARS = 128          # an `id` is echoed in replies: it must not make them large
 MAX_ID_INT = 2 ** 53        # integers a JavaScript client can read back exactly
 MAX_WORD_CHARS = 200        # a longer "word" is refused (bad_message)
+MAX_PAUSE_S = 3600.0        # start's end_after_pause_s: at most an hour (idle_timeout_s closes a silent stream anyway)
 
 
 class _Msg(BaseModel):
@@ -42,6 +43,10 @@ class Start(_Msg):
         "punct", description="with auto_segment: 'punct' ends a sentence only after . ! ? …; 'boundary' also where "
                              "the sentence-boundary classifier finds an end (titles, list items, verses ending in "
                              "; or :), judged when the next word arrives")
+    end_after_pause_s: StrictFloat | StrictInt | None = Field(
+        None, gt=0, le=MAX_PAUSE_S,
+        description="end the open sentence when no message has come for this many seconds (a speaker's pause): "
+                    "its last words are translated then, not when the next sentence's words end it")
     id: MessageId = None
 
 
@@ -97,6 +102,7 @@ class Ready(_Msg):
     tgt_lang: str
     auto_segment: bool
     segmenter: Literal["punct", "boundary"] | None = Field(None, description="how auto_segment finds sentence ends")
+    end_after_pause_s: float | None = Field(None, description="the pause that ends the open sentence (start's)")
     limits: Limits
     server: str | None = Field(None, description="the replica serving this stream (behind Ray Serve)")
 

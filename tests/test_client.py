@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,6 +89,36 @@ def test_words_are_json_lines_as_they_arrive(server, sentences, reference):
         assert " ".join(w["text"] for w in words) == got[end]["translation"] == \
             reference("waitk", {"k": 2}, line).prediction
     assert "mean AL" not in r.stderr   # (the summary is for people; these lines are for a program)
+
+
+def test_a_live_pipe_that_pauses_gets_its_sentence_ended(server, sentences, reference):
+    """`--end-after-pause`: a live pipe (speech recognition) writes words without a full stop and pauses; the
+    server ends that sentence, and its translation is printed while the pipe is still open. The option needs
+    --auto-segment."""
+    lines, _ = sentences
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_API_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "stream", "--url", server.url, "--model", "waitk",
+                             "--k", "2", "--wpm", "0", "--auto-segment", "--end-after-pause", "0.3", "--json"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=env)
+    guard = threading.Timer(60, proc.kill)   # (without the pause's end the first line would never come)
+    guard.start()
+    try:
+        proc.stdin.write(lines[0] + "\n")   # no full stop
+        proc.stdin.flush()
+        first = json.loads(proc.stdout.readline())      # before the pipe closes: the pause ended the sentence
+        proc.stdin.write(lines[1] + "\n")
+        proc.stdin.close()
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait(60)
+    finally:
+        guard.cancel()
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert first["source"] == lines[0] and first["translation"] == reference("waitk", {"k": 2}, lines[0]).prediction
+    assert [json.loads(line)["source"] for line in out.splitlines()] == [lines[1]]
+    r = cli("stream", "--url", server.url, "--end-after-pause", "1", stdin="x\n")
+    assert r.returncode == 2 and "--auto-segment" in r.stderr
 
 
 def test_clear_messages_when_unreachable_rejected_or_full(server, sentences):

@@ -113,6 +113,44 @@ def test_idle_timeout_mid_sentence_translates_the_open_sentence_first(server, re
     assert received[-2]["translation"] == reference("waitk", {"k": 2}, " ".join(six)).prediction
 
 
+def test_a_pause_ends_the_open_sentence_and_the_stream_goes_on(server, reference):
+    """start's end_after_pause_s: after words with no sentence end, a pause that long ends the sentence, and its
+    words are translated as that sentence alone while the stream stays open (a word cut at the end of a text
+    chunk counts as complete); the next words open a new sentence. Without the setting nothing ends before the
+    stream does. Each pause here (0.8 s) is under the fixture's idle_timeout (2 s) and over the setting (0.3 s)."""
+    messages = [{"type": "words", "words": ["haus", "baum"]}, {"type": "text", "text": "licht wa"},
+                {"type": "words", "words": ["mond"]}, {"type": "end_stream"}]
+
+    def run(start):
+        gaps = iter([0.05, 0.8, 0.8, 0.05, 0.05])
+        return asyncio.run(talk(server.url, [start, *messages], pace=lambda: next(gaps), **server.auth))
+
+    received, code = run({**START, "end_after_pause_s": 0.3})
+    assert code == 1000 and not codes(received) and received[0]["end_after_pause_s"] == 0.3
+    pieces = ["haus baum", "licht wa", "mond"]
+    sentences = [m for m in received if m["type"] == "sentence"]
+    assert [m["source"] for m in sentences] == pieces
+    assert [m["translation"] for m in sentences] == [reference("waitk", {"k": 2}, p).prediction for p in pieces]
+    received, code = run(START)
+    assert code == 1000 and received[0]["end_after_pause_s"] is None
+    assert [m["source"] for m in received if m["type"] == "sentence"] == ["haus baum licht wa mond"]
+    # the cut word would take the sentence past max_words_per_sentence (6): the six are ended at the pause, and
+    # the cut word, kept, opens the next sentence with the next message's words
+    six = "haus baum licht wald mond sonne".split()
+    gaps = iter([0.05, 0.05, 0.8, 0.05, 0.05])
+    received, code = asyncio.run(talk(server.url, [{**START, "end_after_pause_s": 0.3},
+                                                   {"type": "words", "words": six}, {"type": "text", "text": " hau"},
+                                                   {"type": "words", "words": ["baum"]}, {"type": "end_stream"}],
+                                      pace=lambda: next(gaps), **server.auth))
+    assert code == 1000 and not codes(received)
+    assert [m["source"] for m in received if m["type"] == "sentence"] == [" ".join(six), "hau baum"]
+    for bad in (0, -1, 3601, "1", True):
+        refused, code = asyncio.run(talk(server.url, [{**START, "end_after_pause_s": bad}, START,
+                                                      {"type": "end_stream"}], **server.auth))
+        assert codes(refused) == ["bad_message"] and "end_after_pause_s" in refused[0]["message"], bad
+        assert code == 1000     # (not fatal: the good start that followed opened the stream)
+
+
 def test_flood_backlog_and_sizes_while_a_good_stream_carries_on(server, reference):
     sentences = [s for s, _ in make_pairs(4, min_len=2, max_len=6, seed=41)]
     good = [START] + sentence_messages(sentences) + [{"type": "end_stream"}]

@@ -163,6 +163,8 @@ class TestLimits:
         limits.test_auto_segment_cuts_a_sentence_with_no_end_instead_of_refusing_its_words)
     test_flood_backlog_and_sizes_while_a_good_stream_carries_on = staticmethod(
         limits.test_flood_backlog_and_sizes_while_a_good_stream_carries_on)
+    test_a_pause_ends_the_open_sentence_and_the_stream_goes_on = staticmethod(
+        limits.test_a_pause_ends_the_open_sentence_and_the_stream_goes_on)
 
 
 class TestHardening:
