@@ -91,11 +91,12 @@ def _server_cap(max_words: int | None) -> int:
     return MAX_WORDS if max_words is None else min(max_words, MAX_WORDS)
 
 
-def _punctuation(words: list[str], max_words: int | None, encode, max_subwords) -> list[tuple[int, int]]:
-    """The server's auto_segment rule (a word ending in . ! ? …, or its 200th word), optionally capped at
-    `max_words`."""
+def _auto_segment(words: list[str], max_words: int | None, model, encode, max_subwords) -> list[tuple[int, int]]:
+    """The server's auto_segment: after a word ending in . ! ? …, at a sentence's 200th word (or `max_words`,
+    the smaller), and given the sentence-boundary classifier `model` ('boundary') where it finds an end, one
+    word on."""
     from models.sentence_cutter import cut_stream
-    return cut_stream(words, None, _server_cap(max_words), encode, max_subwords)
+    return cut_stream(words, model, _server_cap(max_words), encode, max_subwords)
 
 
 def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
@@ -107,12 +108,6 @@ def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
 def _fitted(cuts: list[tuple[int, int]], words: list[str], encode, max_subwords) -> list[tuple[int, int]]:
     from models.sentence_cutter import fit_cuts
     return cuts if encode is None else fit_cuts(cuts, words, encode, max_subwords)
-
-
-def _boundary(words: list[str], max_words: int | None, model_dir, encode, max_subwords) -> list[tuple[int, int]]:
-    """The server's auto_segment 'boundary' rule: punctuation, or the sentence-boundary classifier one word on."""
-    from models.sentence_cutter import cut_stream
-    return cut_stream(words, _boundary_model(model_dir), _server_cap(max_words), encode, max_subwords)
 
 
 _BOUNDARY_MODELS: dict = {}
@@ -138,8 +133,8 @@ def _max_suffix(spec: str, name: str) -> int | None:
 
 def _boundary_segmenter(max_words: int | None, model_dir):
     _boundary_model(model_dir)     # a missing or malformed model fails here (SegmenterError), before any work
-    return lambda talk, encode=None, max_subwords=None: _boundary(talk.words, max_words, model_dir, encode,
-                                                                  max_subwords)
+    return lambda talk, encode=None, max_subwords=None: _auto_segment(talk.words, max_words, _boundary_model(model_dir),
+                                                                      encode, max_subwords)
 
 
 def parse_segmenter(spec: str, boundary_model=None):
@@ -153,7 +148,8 @@ def parse_segmenter(spec: str, boundary_model=None):
     try:
         if spec.startswith("punct"):
             n = _max_suffix(spec, "punct")
-            return lambda talk, encode=None, max_subwords=None: _punctuation(talk.words, n, encode, max_subwords)
+            return lambda talk, encode=None, max_subwords=None: _auto_segment(talk.words, n, None, encode,
+                                                                              max_subwords)
         if spec.startswith("boundary"):
             n = _max_suffix(spec, "boundary")
             use_boundary = True
