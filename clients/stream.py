@@ -49,8 +49,10 @@ class Summary:
     warnings: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     # the speaker's clock (time.monotonic): when the first source word was due (one word interval before it
-    # was sent); each `word` message also gets `received_s`, seconds on this clock (long-form scoring)
+    # was sent); each `word` message also gets `received_s`, seconds on this clock (long-form scoring), or, in
+    # a stream not paced (--wpm 0), since the first `ready` (`opened`)
     clock_origin: float | None = None
+    opened: float | None = None
     paced: int = 0                      # source words sent at the pace so far
 
 
@@ -307,13 +309,14 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
             kind = msg.get("type")
             if kind == "ready":
                 summary.ready = msg
+                summary.opened = summary.opened or time.monotonic()
                 summary.connections.append(msg)
                 state["limit"] = max(1, msg["limits"]["max_backlog_words"] // 2)
                 ready.set()
             elif kind == "word":
                 msg["sentence"] += base
-                if summary.clock_origin is not None:
-                    msg["received_s"] = time.monotonic() - summary.clock_origin
+                origin = summary.opened if summary.clock_origin is None else summary.clock_origin
+                msg["received_s"] = time.monotonic() - origin
                 summary.words.append(msg)
                 if captions:
                     captions.word(msg)
@@ -377,6 +380,7 @@ def register(sub) -> None:
                "  cat notes.txt | simulserve stream --auto-segment   # continuous text, cut at . ! ?\n"
                "  simulserve stream talk.txt --url wss://mt.example.org/v1/stream --api-key KEY\n"
                "  asr | simulserve stream --auto-segment --words | my-subtitler   # JSON lines, word by word\n"
+               "  simulserve stream talk.txt --auto-segment --vtt talk.en.vtt   # and WebVTT subtitles\n"
                "exit codes: 0 done, 2 unreachable or not a simulserve server, 3 server full, loading or busy,\n"
                "4 API key or origin rejected, 5 any other refusal",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -416,6 +420,9 @@ def register(sub) -> None:
                    help="print every word and sentence message as a JSON line as it arrives, for a program "
                         "reading the output ({\"type\": \"restart\", \"sentence\": N} where a reconnect sends "
                         "sentence N on again: its words come again)")
+    p.add_argument("--vtt", metavar="FILE",
+                   help="also write the translation as WebVTT subtitles, each word when it arrived (roll-up: "
+                        "a recording of the talk played with FILE shows what the live audience saw)")
     p.add_argument("--no-stats", action="store_true", help="print translations only")
     p.add_argument("--no-live", action="store_true", help="no live caption line, even on a terminal")
     p.set_defaults(func=run)
@@ -432,11 +439,14 @@ def run(args) -> int:
             raise ClientError("--end-after-pause S ends --auto-segment's open sentence after a pause of S seconds "
                               "(0 < S <= 3600): add --auto-segment", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
+        # (opened now: a path that cannot be written fails before the stream, not after it)
+        vtt = open(args.vtt, "w", encoding="utf-8") if args.vtt else None
     except (ClientError, OSError) as e:
         print(f"simulserve stream: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats,
                         words=args.words)
+    summary = None
     try:
         with src:
             summary = asyncio.run(stream_lines(
@@ -452,6 +462,14 @@ def run(args) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    finally:
+        if vtt is not None and summary is None:   # (failed: a valid file without cues)
+            with vtt:
+                vtt.write("WEBVTT\n")
+    if vtt is not None:
+        from clients.subtitles import webvtt
+        with vtt:
+            vtt.write(webvtt(summary.words))
     if args.reference:
         return _score_talk(args, summary)
     lat = [s["latency"] for s in summary.sentences if s["latency"]]
