@@ -89,6 +89,8 @@ def test_words_are_json_lines_as_they_arrive(server, sentences, reference):
         assert " ".join(w["text"] for w in words) == got[end]["translation"] == \
             reference("waitk", {"k": 2}, line).prediction
     assert "mean AL" not in r.stderr   # (the summary is for people; these lines are for a program)
+    times = [m["received_s"] for m in got if m["type"] == "word"]   # (an unpaced stream: since it opened)
+    assert times and times[0] >= 0 and times == sorted(times)
 
 
 def test_a_live_pipe_that_pauses_gets_its_sentence_ended(server, sentences, reference):
