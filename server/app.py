@@ -28,7 +28,7 @@ from server.admission import Admission
 from server.engine import ModelEngine
 from server.guard import RATE_EXTENSION, SUBPROTOCOL, IpLimits, TokenBucket, key_from_subprotocols
 from server.metrics import Metrics
-from models.sentence_cutter import LIMITS, NO_CUTS, CutRule, OpenSentence, cut_words
+from models.sentence_cutter import END, LIMITS, NO_CUTS, CutRule, OpenSentence, cut_words
 from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, Start, Text, Words,
                              error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
@@ -452,7 +452,7 @@ class Session:
                     # the speaker paused mid-sentence (end_after_pause_s): its sentence ends and its last words are
                     # translated now; the stream stays open, and the idle deadline runs on from the last message
                     self.pause_at = None
-                    self._end_open_sentence(keep_cut_word=True)
+                    self._end_open_sentence("pause", keep_cut_word=True)
                     continue
                 if self.h is None:
                     self.reply(error("start_timeout", f"no `start` within {limits.start_timeout_s:g} s"))
@@ -465,7 +465,7 @@ class Session:
                     # the speaker stopped mid-sentence: its last words are translated and sent before the close,
                     # as if it had ended the sentence (nothing it said is lost to the timeout)
                     self.flushed = True
-                    self._end_open_sentence()
+                    self._end_open_sentence("idle")
                     deadline = time.monotonic() + FLUSH_POLL_S
                     continue
                 else:
@@ -573,19 +573,20 @@ class Session:
         busy = engine.admit()
         return (None, busy) if busy is not None else (engine.attach(policy, self.out, self.kill), None)
 
-    def _end_open_sentence(self, keep_cut_word: bool = False) -> None:
-        """End the open sentence as end_sentence would, a word cut at the end of a text chunk included (an idle
-        flush, a pause). Where that word does not fit (backlog, length) the rest is ended, and the word dropped
-        (the stream closes) or, `keep_cut_word`, kept to open the next sentence."""
+    def _end_open_sentence(self, cause: str, keep_cut_word: bool = False) -> None:
+        """End the open sentence as end_sentence would, a word cut at the end of a text chunk included (`cause`:
+        an idle flush, a pause). Where that word does not fit (backlog, length) the rest is ended, and the word
+        dropped (the stream closes) or, `keep_cut_word`, kept to open the next sentence."""
         try:
-            self._accept([self.partial] if self.partial else [], None, "", end=True)
+            self._accept([self.partial] if self.partial else [], None, "", end=True, cause=cause)
         except ProtocolError:
             cut = self.partial if keep_cut_word else ""
-            self._accept([], None, "", end=True)
+            self._accept([], None, "", end=True, cause=cause)
             self.partial = cut
 
-    def _accept(self, words: list[str], msg_id, partial: str, end: bool = False) -> None:
-        """Validate all of a message's words first (a refused message changes nothing), then enqueue."""
+    def _accept(self, words: list[str], msg_id, partial: str, end: bool = False, cause: str = END) -> None:
+        """Validate all of a message's words first (a refused message changes nothing), then enqueue; `end` ends
+        the open sentence after them, for `cause` (the sentence_ends metric: the client's end, a pause, idle)."""
         limits, eng = self.limits, self.engine
         n = len(words)
         backlog = self.h.backlog
@@ -612,6 +613,7 @@ class Session:
                 eng.push(self.h, seg.words, t, seg.subwords)
             if seg.ends:   # (an ending segment always closes words: of its own, or those open before it)
                 eng.end_sentence(self.h, t)
+                self.srv.metrics.sentence_ends.labels(cause if seg.why == END else seg.why).inc()
         cuts = sum(seg.why in LIMITS for seg in plan)
         if cuts:
             self.reply({"type": "warning", "code": "sentence_cut",

@@ -65,6 +65,10 @@ class Metrics:
         self.ip_connections = Gauge("simulserve_client_addresses", "client addresses with an open websocket",
                                     registry=r)
         self.warnings = Counter("simulserve_warnings", "warnings sent to clients, by code", ["code"], registry=r)
+        self.sentence_ends = Counter("simulserve_sentence_ends", "sentences ended, by cause: auto_segment's punct, "
+                                     "boundary (the classifier), words and positions (the limits); end (the "
+                                     "client's end_sentence or end_stream), pause (end_after_pause_s), idle (the "
+                                     "idle timeout's flush)", ["cause"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -141,6 +141,8 @@ def test_the_server_cuts_where_the_evaluation_cuts(trained, tmp_path):
     with LiveServer(models={"waitk": str(trained["waitk"])}, max_words_per_sentence=limit,
                     boundary_model=str(model.save(tmp_path / "boundary"))) as srv:
         received, code = asyncio.run(talk(srv.url, messages, pace=lambda: 0.02))
+        ends = {c: srv.metric("simulserve_sentence_ends_total", cause=c) for c in ("positions", "boundary", "end")}
+    assert ends == {"positions": full, "boundary": sum(wait == 1 for _, wait in want), "end": 1}   # (/metrics)
     assert code == 1000 and not codes(received)
     sentences = [m for m in received if m["type"] == "sentence"]
     assert [len(m["source"].split()) for m in sentences] == [n for n, _ in want]

@@ -98,6 +98,7 @@ def test_idle_timeout(server):
 def test_idle_timeout_mid_sentence_translates_the_open_sentence_first(server, reference):
     """A speaker who stops mid-sentence (no end_sentence, a word cut at the end of a text chunk): at the idle
     timeout its words are translated as that sentence alone, sent, and only then the stream is closed."""
+    idle = server.metric("simulserve_sentence_ends_total", cause="idle")
     received, close_code = asyncio.run(talk(server.url, [START, {"type": "words", "words": ["haus", "baum"]},
                                                          {"type": "text", "text": "licht wa"}], **server.auth))
     assert [m["type"] for m in received][-2:] == ["sentence", "error"]
@@ -111,6 +112,7 @@ def test_idle_timeout_mid_sentence_translates_the_open_sentence_first(server, re
                                                          {"type": "text", "text": " haus"}], **server.auth))
     fatal(received, close_code, "idle_timeout")
     assert received[-2]["translation"] == reference("waitk", {"k": 2}, " ".join(six)).prediction
+    assert server.metric("simulserve_sentence_ends_total", cause="idle") - idle == 2   # (/metrics: by cause)
 
 
 def test_a_pause_ends_the_open_sentence_and_the_stream_goes_on(server, reference):
@@ -125,6 +127,10 @@ def test_a_pause_ends_the_open_sentence_and_the_stream_goes_on(server, reference
         gaps = iter([0.05, 0.8, 0.8, 0.05, 0.05])
         return asyncio.run(talk(server.url, [start, *messages], pace=lambda: next(gaps), **server.auth))
 
+    def ends(cause):
+        return server.metric("simulserve_sentence_ends_total", cause=cause)
+
+    before = {c: ends(c) for c in ("pause", "end")}
     received, code = run({**START, "end_after_pause_s": 0.3})
     assert code == 1000 and not codes(received) and received[0]["end_after_pause_s"] == 0.3
     pieces = ["haus baum", "licht wa", "mond"]
@@ -134,6 +140,8 @@ def test_a_pause_ends_the_open_sentence_and_the_stream_goes_on(server, reference
     received, code = run(START)
     assert code == 1000 and received[0]["end_after_pause_s"] is None
     assert [m["source"] for m in received if m["type"] == "sentence"] == ["haus baum licht wa mond"]
+    # /metrics counts the ends by cause: two pauses, and end_stream's end of each run
+    assert (ends("pause") - before["pause"], ends("end") - before["end"]) == (2, 2)
     # the cut word would take the sentence past max_words_per_sentence (6): the six are ended at the pause, and
     # the cut word, kept, opens the next sentence with the next message's words
     six = "haus baum licht wald mond sonne".split()
@@ -201,6 +209,7 @@ def test_auto_segment_cuts_a_sentence_with_no_end_instead_of_refusing_its_words(
     Without auto_segment the same message is refused (the client cuts its own sentences)."""
     words = "haus baum licht wald mond sonne haus baum licht wald mond sonne haus baum".split()
     start = {**START, "auto_segment": True}
+    cut = server.metric("simulserve_sentence_ends_total", cause="words")
     # (messages of at most 5 words, paced: the fixture's backlog takes 8)
     texts = [{"type": "text", "text": " ".join(words[i:i + n]) + " "} for i, n in ((0, 4), (4, 5), (9, 5))]
     received, code = asyncio.run(talk(server.url, [start, *texts, {"type": "end_stream"}], pace=lambda: 0.5,
@@ -208,6 +217,7 @@ def test_auto_segment_cuts_a_sentence_with_no_end_instead_of_refusing_its_words(
     assert code == 1000 and not codes(received)
     cuts = [m for m in received if m["type"] == "warning" and m["code"] != "slow_down"]
     assert [w["code"] for w in cuts] == ["sentence_cut"] * 2 and "(1 time(s)" in cuts[0]["message"]
+    assert server.metric("simulserve_sentence_ends_total", cause="words") - cut == 2
     pieces = [" ".join(words[:6]), " ".join(words[6:12]), " ".join(words[12:])]
     sentences = [m for m in received if m["type"] == "sentence"]
     assert [m["source"] for m in sentences] == pieces
