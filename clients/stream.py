@@ -435,9 +435,11 @@ def run(args) -> int:
             raise ClientError("--reference scores a talk: give the talk's file, --auto-segment and a --wpm > 0", 2)
         if args.segmenter != "punct" and not args.auto_segment:
             raise ClientError(f"--segmenter {args.segmenter} chooses how --auto-segment cuts: add --auto-segment", 2)
-        if args.end_after_pause is not None and not (args.auto_segment and 0 < args.end_after_pause <= 3600):
-            raise ClientError("--end-after-pause S ends --auto-segment's open sentence after a pause of S seconds "
-                              "(0 < S <= 3600): add --auto-segment", 2)
+        if args.end_after_pause is not None and not args.auto_segment:
+            raise ClientError("--end-after-pause S ends --auto-segment's open sentence after a pause of S seconds: "
+                              "add --auto-segment", 2)
+        if args.end_after_pause is not None and not 0 < args.end_after_pause <= 3600:
+            raise ClientError(f"--end-after-pause {args.end_after_pause:g}: give seconds, 0 < S <= 3600", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
         # (opened now: a path that cannot be written fails before the stream, not after it)
         vtt = open(args.vtt, "w", encoding="utf-8") if args.vtt else None

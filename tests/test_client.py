@@ -120,7 +120,9 @@ def test_a_live_pipe_that_pauses_gets_its_sentence_ended(server, sentences, refe
     assert first["source"] == lines[0] and first["translation"] == reference("waitk", {"k": 2}, lines[0]).prediction
     assert [json.loads(line)["source"] for line in out.splitlines()] == [lines[1]]
     r = cli("stream", "--url", server.url, "--end-after-pause", "1", stdin="x\n")
-    assert r.returncode == 2 and "--auto-segment" in r.stderr
+    assert r.returncode == 2 and "add --auto-segment" in r.stderr
+    r = cli("stream", "--url", server.url, "--auto-segment", "--end-after-pause", "0", stdin="x\n")
+    assert r.returncode == 2 and "0 < S <= 3600" in r.stderr
 
 
 def test_clear_messages_when_unreachable_rejected_or_full(server, sentences):
