@@ -91,23 +91,29 @@ def _server_cap(max_words: int | None) -> int:
     return MAX_WORDS if max_words is None else min(max_words, MAX_WORDS)
 
 
-def _auto_segment(words: list[str], max_words: int | None, model, encode, max_subwords) -> list[tuple[int, int]]:
+def _auto_segment(max_words: int | None, model=None):
     """The server's auto_segment: after a word ending in . ! ? …, at a sentence's 200th word (or `max_words`,
     the smaller), and given the sentence-boundary classifier `model` ('boundary') where it finds an end, one
-    word on."""
+    word on; the model's positions cut in the same pass."""
     from models.sentence_cutter import cut_stream
-    return cut_stream(words, model, _server_cap(max_words), encode, max_subwords)
+    return lambda talk, encode=None, max_subwords=None: cut_stream(talk.words, model, _server_cap(max_words),
+                                                                   encode, max_subwords)
+
+
+def _fitted(cuts_of):
+    """A segmenter of its own rule (`cuts_of(talk)`), then fitted to the model's positions as auto_segment is."""
+    from models.sentence_cutter import fit_cuts
+
+    def segmenter(talk, encode=None, max_subwords=None):
+        cuts = cuts_of(talk)
+        return cuts if encode is None else fit_cuts(cuts, talk.words, encode, max_subwords)
+    return segmenter
 
 
 def _fixed(words: list[str], size: int) -> list[tuple[int, int]]:
     """A cut every `size` words, whatever they say."""
     n = len(words)
     return [(size, 0)] * (n // size) + ([(n % size, 0)] if n % size else [])
-
-
-def _fitted(cuts: list[tuple[int, int]], words: list[str], encode, max_subwords) -> list[tuple[int, int]]:
-    from models.sentence_cutter import fit_cuts
-    return cuts if encode is None else fit_cuts(cuts, words, encode, max_subwords)
 
 
 _BOUNDARY_MODELS: dict = {}
@@ -132,9 +138,8 @@ def _max_suffix(spec: str, name: str) -> int | None:
 
 
 def _boundary_segmenter(max_words: int | None, model_dir):
-    _boundary_model(model_dir)     # a missing or malformed model fails here (SegmenterError), before any work
-    return lambda talk, encode=None, max_subwords=None: _auto_segment(talk.words, max_words, _boundary_model(model_dir),
-                                                                      encode, max_subwords)
+    # (a missing or malformed model fails here, SegmenterError, before any work)
+    return _auto_segment(max_words, _boundary_model(model_dir))
 
 
 def parse_segmenter(spec: str, boundary_model=None):
@@ -148,19 +153,16 @@ def parse_segmenter(spec: str, boundary_model=None):
     try:
         if spec.startswith("punct"):
             n = _max_suffix(spec, "punct")
-            return lambda talk, encode=None, max_subwords=None: _auto_segment(talk.words, n, None, encode,
-                                                                              max_subwords)
+            return _auto_segment(n)
         if spec.startswith("boundary"):
             n = _max_suffix(spec, "boundary")
             use_boundary = True
         if spec.startswith("fixed:"):
             n = int(spec.split(":", 1)[1])
             if n >= 1:
-                return lambda talk, encode=None, max_subwords=None: _fitted(_fixed(talk.words, n), talk.words,
-                                                                            encode, max_subwords)
+                return _fitted(lambda talk: _fixed(talk.words, n))
         if spec == "oracle":
-            return lambda talk, encode=None, max_subwords=None: _fitted([(n, 0) for n in talk.sentence_lengths],
-                                                                        talk.words, encode, max_subwords)
+            return _fitted(lambda talk: [(n, 0) for n in talk.sentence_lengths])
     except ValueError:
         pass
     else:
