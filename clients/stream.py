@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from clients.subtitles import LiveWebVTT
+
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
 EXIT = {"server_full": 3, "not_ready": 3, "server_busy": 3, "unauthorized": 4, "origin_not_allowed": 4}
 HINTS = {
@@ -81,10 +83,11 @@ class Captions:
     """Live display: the growing caption line on a terminal, then each sentence with its statistics."""
 
     def __init__(self, out=sys.stdout, live: bool | None = None, as_json: bool = False, stats: bool = True,
-                 words: bool = False):
+                 words: bool = False, vtt=None):
         # words: every word and sentence message as a JSON line the moment it arrives (a program reading the
-        # pipe: subtitles, a chat bridge), and a "restart" line where a reconnect sends a sentence again
-        self.out, self.as_json, self.stats, self.words = out, as_json or words, stats, words
+        # pipe: subtitles, a chat bridge), and a "restart" line where a reconnect sends a sentence again;
+        # vtt: a clients.subtitles.LiveWebVTT that writes the words as subtitles as they arrive
+        self.out, self.as_json, self.stats, self.words, self.vtt = out, as_json or words, stats, words, vtt
         self.live = (out.isatty() if live is None else live) and not self.as_json
         self.current: list[str] = []
 
@@ -96,6 +99,8 @@ class Captions:
         self.current.append(msg["text"])
         if self.words:
             self._line(msg)
+        if self.vtt is not None:
+            self.vtt.word(msg)
         if self.live:
             width = shutil.get_terminal_size((100, 20)).columns - 1
             line = " ".join(self.current)
@@ -108,6 +113,8 @@ class Captions:
             self.out.write("\r\033[K")
         if self.words:   # (their words so far are void: they come again)
             self._line({"type": "restart", "sentence": sentence})
+        if self.vtt is not None:
+            self.vtt.restart(sentence)
         self.current = []
 
     def sentence(self, msg: dict) -> None:
@@ -422,7 +429,8 @@ def register(sub) -> None:
                         "sentence N on again: its words come again)")
     p.add_argument("--vtt", metavar="FILE",
                    help="also write the translation as WebVTT subtitles, each word when it arrived (roll-up: "
-                        "a recording of the talk played with FILE shows what the live audience saw)")
+                        "a recording of the talk played with FILE shows what the live audience saw); written as "
+                        "the words come, one word behind, so a stopped stream keeps what it showed")
     p.add_argument("--no-stats", action="store_true", help="print translations only")
     p.add_argument("--no-live", action="store_true", help="no live caption line, even on a terminal")
     p.set_defaults(func=run)
@@ -442,12 +450,12 @@ def run(args) -> int:
             raise ClientError(f"--end-after-pause {args.end_after_pause:g}: give seconds, 0 < S <= 3600", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
         # (opened now: a path that cannot be written fails before the stream, not after it)
-        vtt = open(args.vtt, "w", encoding="utf-8") if args.vtt else None
+        vtt = LiveWebVTT(open(args.vtt, "w", encoding="utf-8")) if args.vtt else None
     except (ClientError, OSError) as e:
         print(f"simulserve stream: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats,
-                        words=args.words)
+                        words=args.words, vtt=vtt)
     summary = None
     try:
         with src:
@@ -465,13 +473,8 @@ def run(args) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        if vtt is not None and summary is None:   # (failed: a valid file without cues)
-            with vtt:
-                vtt.write("WEBVTT\n")
-    if vtt is not None:
-        from clients.subtitles import webvtt
-        with vtt:
-            vtt.write(webvtt(summary.words))
+        if vtt is not None:   # the last word's cue; the cues before it are in the file already
+            vtt.close()
     if args.reference:
         return _score_talk(args, summary)
     lat = [s["latency"] for s in summary.sentences if s["latency"]]

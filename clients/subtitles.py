@@ -5,11 +5,18 @@ text with that word at the end, until the next word arrives (or HOLD_S seconds, 
 sentence starts a new line; a line holds at most LINE_CHARS characters. Times are the words' `received_s`: the
 speaker's clock of a paced stream, or seconds since the stream opened. A recording of the talk played with the
 file shows each word when the live audience saw it.
+
+The file is written as the stream goes (`LiveWebVTT`): a word's cue is complete, and written, when the next word
+arrives, so the file is one word behind the stream and holds every cue shown so far if the client is stopped.
 """
 from __future__ import annotations
 
+from typing import TextIO
+
 LINE_CHARS = 42   # the usual width of a subtitle line
 HOLD_S = 5.0      # the last text stays up this long when no word follows
+
+Cue = tuple[float, float, str]   # start s, end s, text
 
 
 def timestamp(seconds: float) -> str:
@@ -21,26 +28,86 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def cues(words: list[dict]) -> list[tuple[float, float, str]]:
-    """(start s, end s, text) of each cue, from `word` messages in arrival order (`sentence`, `text`,
-    `received_s`). Words that arrived within a millisecond (one step wrote them) share one cue: the last one's text."""
-    out, lines, sentence = [], [], None
-    for i, w in enumerate(words):
-        text = w["text"]
-        if w["sentence"] != sentence or len(" ".join(lines[-1] + [text])) > LINE_CHARS:
-            lines.append([text])
-            sentence = w["sentence"]
+def cue_block(cue: Cue) -> str:
+    start, end, text = cue
+    return f"{timestamp(start)} --> {timestamp(end)}\n{_escape(text)}\n"
+
+
+class RollUp:
+    """The cues of `word` messages (`sentence`, `text`, `received_s`) fed in arrival order. A word's cue ends
+    when the next word arrives, so `add` returns the cue it completes (or None) and `finish` the last one.
+    Words that arrived within a millisecond (one step wrote them) share one cue: the last one's text."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, list[str]]] = []   # (sentence, its words on that line); one sentence a line
+        self.open: tuple[float, str] | None = None     # the last word's cue: start, text; its end not yet known
+
+    def add(self, word: dict) -> Cue | None:
+        text, sentence = word["text"], word["sentence"]
+        if not self.lines or self.lines[-1][0] != sentence or \
+                len(" ".join(self.lines[-1][1] + [text])) > LINE_CHARS:
+            self.lines.append((sentence, [text]))
         else:
-            lines[-1].append(text)
-        start = w["received_s"]
-        end = start + HOLD_S if i + 1 == len(words) else min(words[i + 1]["received_s"], start + HOLD_S)
+            self.lines[-1][1].append(text)
+        done = self._close(word["received_s"])
+        self.open = (word["received_s"], "\n".join(" ".join(ws) for _, ws in self.lines[-2:]))
+        return done
+
+    def restart(self, sentence: int) -> None:
+        """A reconnect voids the words of sentences from `sentence` on: they leave the lines (cues already
+        complete stay: they were shown) and come again."""
+        self.lines = [line for line in self.lines if line[0] < sentence]
+
+    def finish(self) -> Cue | None:
+        """The last word's cue, shown HOLD_S seconds."""
+        return self._close(None)
+
+    def _close(self, next_start: float | None) -> Cue | None:
+        if self.open is None:
+            return None
+        start, text = self.open
+        self.open = None
+        end = start + HOLD_S if next_start is None else min(next_start, start + HOLD_S)
         if round(end * 1000) > round(start * 1000):   # (as the file shows them: milliseconds)
-            out.append((start, end, "\n".join(" ".join(line) for line in lines[-2:])))
-    return out
+            return start, end, text
+        return None
+
+
+def cues(words: list[dict]) -> list[Cue]:
+    roll = RollUp()
+    out = [roll.add(w) for w in words] + [roll.finish()]
+    return [c for c in out if c is not None]
 
 
 def webvtt(words: list[dict]) -> str:
-    blocks = ["WEBVTT\n"]
-    for start, end, text in cues(words):
-        blocks.append(f"{timestamp(start)} --> {timestamp(end)}\n{_escape(text)}\n")
-    return "\n".join(blocks)
+    return "\n".join(["WEBVTT\n"] + [cue_block(c) for c in cues(words)])
+
+
+class LiveWebVTT:
+    """A WebVTT file written as the words arrive: each cue once complete, flushed, so a player or a
+    program reading the growing file sees it then, and nothing shown is lost if the client stops."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.roll = out, RollUp()
+        self.out.write("WEBVTT\n")
+        self.out.flush()
+
+    def _write(self, cue: Cue | None) -> None:
+        if cue is not None:
+            self.out.write("\n" + cue_block(cue))
+            self.out.flush()
+
+    def word(self, msg: dict) -> None:
+        self._write(self.roll.add(msg))
+
+    def restart(self, sentence: int) -> None:
+        self.roll.restart(sentence)
+
+    def close(self) -> None:
+        """The last cue, then the file is closed (a stream that ended, failed or was stopped)."""
+        if self.out.closed:
+            return
+        try:
+            self._write(self.roll.finish())
+        finally:
+            self.out.close()

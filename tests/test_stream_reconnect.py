@@ -18,8 +18,10 @@ import time
 import pytest
 
 from clients.stream import Captions, ClientError, _consume, stream_lines
+from clients.subtitles import LiveWebVTT
 from models.data.synthetic import make_pairs
 from test_server import LiveServer, make_reference
+from test_subtitles import parse
 
 
 class PortServer(LiveServer):
@@ -37,7 +39,7 @@ class PortServer(LiveServer):
 
 
 @pytest.mark.slow
-def test_stream_reconnects_after_the_server_restarts(trained):
+def test_stream_reconnects_after_the_server_restarts(trained, tmp_path):
     reference = make_reference(trained)
     models = {p: str(path) for p, path in trained.items()}
     lines = [s for s, _ in make_pairs(6, min_len=4, max_len=8, seed=77)]
@@ -48,6 +50,7 @@ def test_stream_reconnects_after_the_server_restarts(trained):
     second = None
     notes: list[str] = []
     shown = io.StringIO()
+    vtt = LiveWebVTT(open(tmp_path / "talk.vtt", "w", encoding="utf-8"))
 
     def restart():
         nonlocal second
@@ -61,8 +64,10 @@ def test_stream_reconnects_after_the_server_restarts(trained):
         # reconnect=6: the second server may take seconds to load its models on a loaded CI machine, and
         # the default 3 tries (0.5 + 1 + 2 s of back-off) are about a user's patience, not this test's
         summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, reconnect=6,
-                                           warn=notes.append, captions=Captions(out=shown, live=False, words=True)))
+                                           warn=notes.append,
+                                           captions=Captions(out=shown, live=False, words=True, vtt=vtt)))
     finally:
+        vtt.close()
         t.join(60)
         for srv in (first, second):
             if srv is not None:
@@ -85,6 +90,11 @@ def test_stream_reconnects_after_the_server_restarts(trained):
     assert restarts == 1
     assert [" ".join(m["text"] for m in kept if m["sentence"] == i) for i in range(len(lines))] == \
         [s["translation"] for s in summary.sentences]
+    # the subtitles: a sentence sent again starts a new line, so every line is a run of one translation's words
+    # (without restart() a line would hold the voided words and then the same words again)
+    translations = [f" {s['translation']} " for s in summary.sentences]
+    cues = parse((tmp_path / "talk.vtt").read_text(encoding="utf-8"))
+    assert cues and all(any(f" {line} " in t for t in translations) for _, _, text in cues for line in text.split("\n"))
 
 
 @pytest.mark.slow

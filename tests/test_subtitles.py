@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from clients.subtitles import HOLD_S, LINE_CHARS, cues, timestamp, webvtt
+from clients.subtitles import HOLD_S, LINE_CHARS, LiveWebVTT, RollUp, cues, timestamp, webvtt
+from models.data.synthetic import make_pairs
 from test_browser import browser   # noqa: F401 - the fixture
-from test_client import KEY, cli, reference, sentences, server   # noqa: F401 - the fixtures
+from test_client import KEY, ROOT, cli, reference, sentences, server   # noqa: F401 - the fixtures
 
 CUE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d\d\d) --> (\d\d):(\d\d):(\d\d)\.(\d\d\d)$")
 
@@ -25,7 +32,7 @@ def seconds(h, m, s, ms):
 def parse(vtt: str) -> list[tuple[float, float, str]]:
     """The cues of a WebVTT file, checking its shape: the header, then blocks of a timing line and text."""
     blocks = vtt.split("\n\n")
-    assert blocks[0] == "WEBVTT"
+    assert blocks[0].rstrip("\n") == "WEBVTT"
     out = []
     for block in filter(None, blocks[1:]):
         timing, text = block.split("\n", 1)
@@ -47,9 +54,53 @@ def test_roll_up_cues_show_the_last_two_lines_until_the_next_word():
     assert all(len(line) <= LINE_CHARS for ls in lines for line in ls) and all(len(ls) <= 2 for ls in lines)
     assert got[-2][1] == got[-2][0] + HOLD_S            # a long silence: the text goes after HOLD_S
     assert got[-1] == (30.0, 30.0 + HOLD_S, got[-2][2].split("\n")[-1] + "\n<b>&")
-    assert parse(webvtt(words)) == [(a, b, t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
-                                    for a, b, t in got]
+    assert parse(webvtt(words)) == escaped(got)
     assert timestamp(3661.5) == "01:01:01.500" and timestamp(0.0004) == "00:00:00.000"
+
+
+def escaped(got):
+    return [(a, b, t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")) for a, b, t in got]
+
+
+class Kept(io.StringIO):
+    def close(self):   # (the test reads what was written after the writer closed it)
+        self.final = self.getvalue()
+        super().close()
+
+
+def test_the_live_file_is_the_whole_file_written_one_word_behind():
+    """Word by word, the live writer's file holds exactly the cues that are complete (those of words before the
+    last one's arrival time), each a cue of the file written from all words; closed, it is that file."""
+    rng = __import__("random").Random(7)
+    t, words = 0.0, []
+    for i in range(300):
+        t += rng.choice([0.0, 0.0004, 0.2, 0.7, 6.0])      # same step, under a millisecond, spoken, a pause
+        words.append(word(i // 9, rng.choice(["a", "word", "longer-word", "<&>", "Zürich"]), t))
+    whole = webvtt(words)
+    want = parse(whole)
+    out = Kept()
+    live = LiveWebVTT(out)
+    assert parse(out.getvalue()) == []                    # a valid file before any word
+    for k, w in enumerate(words, 1):
+        live.word(w)
+        shown = round(w["received_s"] * 1000)
+        assert parse(out.getvalue()) == [c for c in want if round(c[0] * 1000) < shown], k
+    live.close()
+    assert out.final == whole
+    live.close()                                          # a second close does nothing
+
+
+def test_a_restart_starts_the_sentence_on_a_new_line_and_keeps_what_was_shown():
+    roll = RollUp()
+    for i, w in enumerate(["Good", "morning", "everyone"]):
+        roll.add(word(0, w, 1.0 + i))
+    assert roll.add(word(1, "We", 4.0)) == (3.0, 4.0, "Good morning everyone")
+    roll.add(word(1, "start", 4.5))
+    roll.restart(1)                                       # sentence 1 again, from its first word
+    assert roll.add(word(1, "We", 9.0)) == (4.5, 9.0, "Good morning everyone\nWe start")   # as shown
+    assert roll.add(word(1, "start", 9.5)) == (9.0, 9.5, "Good morning everyone\nWe")
+    assert roll.finish() == (9.5, 9.5 + HOLD_S, "Good morning everyone\nWe start")
+    assert roll.finish() is None
 
 
 def test_a_path_that_cannot_be_written_fails_before_the_stream(server, tmp_path):  # noqa: F811
@@ -81,6 +132,36 @@ def test_stream_writes_the_words_as_they_arrived(server, sentences, reference, t
         for i, line in enumerate(lines):   # each sentence's last cue line ends its translation
             final = [t for (a, _, t), w in zip(parsed, at.values()) if w["sentence"] == i][-1]
             assert reference("waitk", {"k": 2}, line).prediction.endswith(final.split("\n")[-1])
+
+
+def test_the_file_grows_during_the_stream_and_survives_ctrl_c(server, tmp_path):  # noqa: F811
+    """A real client and server: the file holds cues while the stream still runs, and a client stopped with
+    SIGINT (Ctrl-C) leaves a valid file with a cue for every word it had received (the last one held HOLD_S)."""
+    talk = tmp_path / "long.txt"
+    talk.write_text("\n".join(s for s, _ in make_pairs(40, min_len=4, max_len=8, seed=61)) + "\n")
+    vtt = tmp_path / "live.vtt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_API_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "stream", str(talk), "--url", server.url,
+                             "--model", "waitk", "--k", "2", "--wpm", "240", "--words", "--vtt", str(vtt)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not vtt.exists() or len(parse(vtt.read_text())) < 3):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        during = parse(vtt.read_text())
+        assert len(during) >= 3 and proc.poll() is None    # cues in the file while the stream runs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    words = [m for m in map(json.loads, out.splitlines()) if m["type"] == "word"]
+    final = parse(vtt.read_text())
+    assert final[:len(during)] == during and len(final) > len(during)
+    # every word received, the last one's cue too (or but the last word, where SIGINT came between the two writes)
+    assert final in (parse(webvtt(words)), parse(webvtt(words[:-1])))
+    assert final[-1][1] == pytest.approx(final[-1][0] + HOLD_S, abs=2e-3)
 
 
 @pytest.mark.browser
