@@ -20,6 +20,8 @@ import sentencepiece as spm
 
 WORD_START = "\u2581"  # ▁
 WORD_MEMO = 100_000     # decoded target words kept (Tokenizer.decode_word): a few MB
+# text whose NFKC form differs from itself: vocabularies that normalise differently give other texts of it
+NORMALISATION_PROBE = "\ufb01le \uff21\uff22 \u2460 \u00bd \u216b Stra\u00dfe \u00c5ngstr\u00f6m caf\u0065\u0301"
 
 
 class UnknownRun(NamedTuple):
@@ -148,3 +150,21 @@ class Tokenizer:
                 word = []
             word.append(i)
         return words + [word] if word else words
+
+
+def vocabulary_difference(a: Tokenizer, b: Tokenizer) -> str | None:
+    """Why the token ids of vocabulary `a` do not mean what `b`'s do, or None where they do: the first piece
+    that differs (its text, kind or score) or the normalisation. Not the files' bytes: SentencePiece writes
+    its training input's path into the file, so two vocabularies trained alike from two paths differ there."""
+    if a.vocab_size != b.vocab_size:
+        return f"{a.vocab_size} pieces against {b.vocab_size}"
+    kinds = ("is_control", "is_unknown", "is_unused", "is_byte")
+    for i in range(a.vocab_size):
+        pa, pb = a.sp.id_to_piece(i), b.sp.id_to_piece(i)
+        if pa != pb:
+            return f"piece {i} is {pa!r} against {pb!r}"
+        if any(getattr(a.sp, k)(i) != getattr(b.sp, k)(i) for k in kinds) or a.sp.get_score(i) != b.sp.get_score(i):
+            return f"piece {i} ({pa!r}) has another kind or score"
+    if a.sp.normalize(NORMALISATION_PROBE) != b.sp.normalize(NORMALISATION_PROBE):
+        return "they normalise text differently"
+    return None

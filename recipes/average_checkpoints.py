@@ -19,6 +19,9 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.tokenizer import Tokenizer, vocabulary_difference  # noqa: E402
+
 
 def average(checkpoints: list[Path], weights: list[float]) -> dict:
     """The weighted sum of the checkpoints' tensors (non-float tensors, if any, from the first)."""
@@ -26,13 +29,14 @@ def average(checkpoints: list[Path], weights: list[float]) -> dict:
         raise SystemExit("error: give at least two checkpoints and one weight per checkpoint")
     if abs(sum(weights) - 1.0) > 1e-6:
         raise SystemExit(f"error: the weights sum to {sum(weights)}, not 1")
-    vocab = (checkpoints[0] / "spm.model").read_bytes()
-    states = []
+    states, vocab = [], None
     for c in checkpoints:
-        if not (c / "model.safetensors").is_file():
-            raise SystemExit(f"error: {c} is not a checkpoint directory (no model.safetensors)")
-        if (c / "spm.model").read_bytes() != vocab:
-            raise SystemExit(f"error: {c} uses another vocabulary than {checkpoints[0]}")
+        if not (c / "model.safetensors").is_file() or not (c / "spm.model").is_file():
+            raise SystemExit(f"error: {c} is not a checkpoint directory (no model.safetensors or spm.model)")
+        vocab = vocab or Tokenizer(checkpoints[0] / "spm.model")
+        why = vocabulary_difference(Tokenizer(c / "spm.model"), vocab)
+        if why:
+            raise SystemExit(f"error: {c} uses another vocabulary than {checkpoints[0]} ({why})")
         states.append(load_file(str(c / "model.safetensors")))
     first = states[0]
     for c, s in zip(checkpoints[1:], states[1:]):

@@ -14,14 +14,6 @@ from models.errors import UserError
 from models.translate import simulate
 
 
-@pytest.fixture(scope="module")
-def teacher_tok(trained):
-    """The teacher's own vocabulary (a checkpoint reused from SIMULSERVE_TEST_CACHE keeps the spm.model of the
-    session that trained it: SentencePiece writes its input's path into the file)."""
-    from models.checkpoint import load_checkpoint
-    return load_checkpoint(trained["offline"])[1]
-
-
 def make_data(tok, d, n=40):
     """A prepare-data directory: two sources, per-source and joint train files, a test set."""
     d.mkdir()
@@ -37,8 +29,8 @@ def make_data(tok, d, n=40):
     return sources
 
 
-def test_teacher_outputs_become_the_training_targets(trained, teacher_tok, tmp_path):
-    sources = make_data(teacher_tok, tmp_path / "data")
+def test_teacher_outputs_become_the_training_targets(trained, word_tok, tmp_path):
+    sources = make_data(word_tok, tmp_path / "data")
     manifest = distill.distill(trained["offline"], tmp_path / "data", tmp_path / "out", beam=2,
                                batch_size=8, progress=False)
     teacher = decoder_from(trained["offline"])
@@ -52,14 +44,14 @@ def test_teacher_outputs_become_the_training_targets(trained, teacher_tok, tmp_p
     # a copy-task teacher reproduces most sources: its outputs are real translations, not the references
     assert sum(d == e for d, e in zip(de, en)) > len(de) // 2
     assert (tmp_path / "out" / "test.alpha.en").read_text() == "house tree\n"   # evaluation stays human
-    assert (tmp_path / "out" / "spm.model").read_bytes() == teacher_tok.proto
+    assert (tmp_path / "out" / "spm.model").read_bytes() == word_tok.proto
     d = manifest["distillation"]
     assert d["beam"] == 2 and d["sources"]["alpha"]["translated_now"] == 40
     assert d["sources"]["beta"]["sentences_per_second"] > 0
 
 
-def test_with_references_and_resume(trained, teacher_tok, tmp_path):
-    sources = make_data(teacher_tok, tmp_path / "data")
+def test_with_references_and_resume(trained, word_tok, tmp_path):
+    sources = make_data(word_tok, tmp_path / "data")
     out = tmp_path / "out"
     out.mkdir()
     first = decoder_from(trained["offline"])
@@ -73,18 +65,21 @@ def test_with_references_and_resume(trained, teacher_tok, tmp_path):
     assert not (out / "train.beta.de").exists()
 
 
-def test_bad_teacher_or_data_is_a_clear_error(trained, teacher_tok, tmp_path):
-    make_data(teacher_tok, tmp_path / "data")
+def test_bad_teacher_or_data_is_a_clear_error(trained, word_tok, piece_tok, tmp_path):
+    make_data(word_tok, tmp_path / "data")
     with pytest.raises(UserError, match="must be an offline model"):
         distill.distill(trained["gma"], tmp_path / "data", tmp_path / "out", progress=False)
     with pytest.raises(UserError, match="no training files"):
         distill.distill(trained["offline"], tmp_path / "data", tmp_path / "out", sources=["gamma"], progress=False)
     with pytest.raises(UserError, match="must differ"):
         distill.distill(trained["offline"], tmp_path / "data", tmp_path / "data", progress=False)
+    make_data(piece_tok, tmp_path / "other")
+    with pytest.raises(UserError, match=r"another vocabulary than .*spm.model \(\d+ pieces against \d+\)"):
+        distill.distill(trained["offline"], tmp_path / "other", tmp_path / "out", progress=False)
 
 
-def test_command_line(trained, teacher_tok, tmp_path):
-    make_data(teacher_tok, tmp_path / "data", n=10)
+def test_command_line(trained, word_tok, tmp_path):
+    make_data(word_tok, tmp_path / "data", n=10)
     r = subprocess.run([sys.executable, "-m", "models.data.distill", "--teacher", str(trained["offline"]),
                         "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--beam", "2",
                         "--limit", "4", "--no-progress", "--threads", "1"],
@@ -95,10 +90,10 @@ def test_command_line(trained, teacher_tok, tmp_path):
     assert len((tmp_path / "out" / "train.de").read_text().splitlines()) <= 8
 
 
-def test_keep_other_sources_trains_them_on_their_human_pairs(trained, teacher_tok, tmp_path):
+def test_keep_other_sources_trains_them_on_their_human_pairs(trained, word_tok, tmp_path):
     """--keep-other-sources: the sources not distilled stay in the data with their references (a student
     can learn the new register from the teacher and keep the old data as it was)."""
-    sources = make_data(teacher_tok, tmp_path / "data", n=12)
+    sources = make_data(word_tok, tmp_path / "data", n=12)
     manifest = distill.distill(trained["offline"], tmp_path / "data", tmp_path / "out", sources=["alpha"],
                                beam=1, progress=False, keep_other_sources=True)
     beta = list(zip((tmp_path / "out" / "train.beta.de").read_text().splitlines(),

@@ -26,3 +26,29 @@ def test_a_remembered_word_is_what_sentencepiece_decodes(monkeypatch):
     assert 0 < len(tok._words) <= 3000
     assert tok.decode_word([]) == ""
     assert sum(tok.unk_id in ids for ids in words) > 100   # (the <unk> words were exercised)
+
+
+def test_vocabularies_compare_by_their_pieces_not_their_bytes(tmp_path):
+    """Trained alike from two paths: other bytes (SentencePiece records the input's path), the same ids. Other
+    pieces at one id, another size, another score or normalisation: a reason naming it."""
+    from models.data.synthetic import make_pairs, make_tokenizer
+    from models.tokenizer import vocabulary_difference
+    pairs = make_pairs(300, seed=5)
+    a, b = (make_tokenizer(tmp_path / d, "word", pairs=pairs) for d in ("a", "b"))
+    assert a.proto != b.proto and vocabulary_difference(a, b) is None
+    upper = make_tokenizer(tmp_path / "upper", "word", pairs=[(s.title(), t.title()) for s, t in pairs])
+    assert upper.vocab_size == a.vocab_size
+    assert vocabulary_difference(a, upper).startswith("piece ")
+    pieces = make_tokenizer(tmp_path / "pieces", "unigram", vocab_size=30, pairs=pairs)
+    assert vocabulary_difference(a, pieces) == f"{a.vocab_size} pieces against {pieces.vocab_size}"
+    shipped = Tokenizer(ROOT / "models/checkpoints/gma_delta1/spm.model")
+    assert vocabulary_difference(shipped, Tokenizer(ROOT / "models/checkpoints/offline/spm.model")) is None
+    # the same pieces, scored or normalised otherwise (edited in the model file itself)
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    proto = pb.ModelProto.FromString(a.proto)
+    proto.pieces[7].score -= 1.0
+    assert vocabulary_difference(a, Tokenizer(proto.SerializeToString())) == \
+        f"piece 7 ({a.sp.id_to_piece(7)!r}) has another kind or score"
+    proto = pb.ModelProto.FromString(a.proto)
+    proto.normalizer_spec.name, proto.normalizer_spec.precompiled_charsmap = "identity", b""
+    assert vocabulary_difference(a, Tokenizer(proto.SerializeToString())) == "they normalise text differently"

@@ -204,15 +204,26 @@ def test_distillation_loss_is_the_kl_to_the_teacher(word_tok, tmp_path):
     assert abs(float(same)) < 1e-4 * n
 
 
-def test_a_teacher_with_another_vocabulary_is_a_clear_error(word_tok, piece_tok, tmp_path):
+def test_a_teacher_or_start_with_another_vocabulary_is_a_clear_error(word_tok, piece_tok, tmp_path):
+    """Distillation and init_from need the data's vocabulary; one of the same size with other pieces at the
+    same ids (which the old size check let through) is refused, and so is a copy trained from another path."""
     import pytest
+    from models.data.synthetic import make_tokenizer
     from models.errors import UserError
     from models.training.train import load_teacher
     run(word_tok, tmp_path / "t", "gma", max_steps=5, max_epochs=10)
-    teacher_cfg = load_checkpoint(tmp_path / "t" / "checkpoint")[0].cfg
-    other = teacher_cfg.from_dict(dict(teacher_cfg.to_dict(), vocab_size=teacher_cfg.vocab_size + 1))
-    with pytest.raises(UserError, match="same one"):
-        load_teacher(str(tmp_path / "t" / "checkpoint"), other, torch.device("cpu"))
+    start = str(tmp_path / "t" / "checkpoint")
+    same_size = make_tokenizer(tmp_path / "upper", "word",
+                               pairs=[(s.title(), t.title()) for s, t in make_pairs(2000, seed=123)])
+    assert same_size.vocab_size == word_tok.vocab_size
+    for tok, why in ((piece_tok, r"\d+ pieces against \d+"), (same_size, r"piece \d+ is ")):
+        with pytest.raises(UserError, match=f"another vocabulary than the data's spm.model \\({why}"):
+            load_teacher(start, tok, torch.device("cpu"))
+        with pytest.raises(UserError, match=f"init_from .* another vocabulary .*\\({why}.*--vocab-from"):
+            run(tok, tmp_path / "other", "gma", max_steps=1, max_epochs=1, init_from=start)
+    alike = make_tokenizer(tmp_path / "alike", "word")   # the same training as word_tok, from another path
+    assert alike.proto != word_tok.proto
+    assert load_teacher(start, alike, torch.device("cpu")) is not None
 
 
 def test_train_only_trains_the_matching_parameters_and_nothing_else(word_tok, tmp_path):

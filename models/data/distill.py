@@ -72,6 +72,7 @@ def distill(teacher: str | Path, data: str | Path, out: str | Path, *, sources: 
     from models.checkpoint import load_checkpoint, pick_device
     from models.shipped import resolve_checkpoint
     from models.step import StreamingDecoder
+    from models.tokenizer import Tokenizer, vocabulary_difference
     from models.training.data_loading import read_parallel
 
     data, out = Path(data), Path(out)
@@ -85,8 +86,9 @@ def distill(teacher: str | Path, data: str | Path, out: str | Path, *, sources: 
     model, tok, info = load_checkpoint(resolve_checkpoint(str(teacher)), pick_device(device))
     if policy_class(model.cfg).streams:
         raise UserError(f"the teacher must be an offline model; {teacher} is a {model.cfg.attention} model")
-    if (data / "spm.model").read_bytes() != tok.proto:
-        raise UserError(f"{teacher} uses another vocabulary than {data}/spm.model: the students "
+    why = vocabulary_difference(tok, Tokenizer(data / "spm.model"))
+    if why:
+        raise UserError(f"{teacher} uses another vocabulary than {data}/spm.model ({why}): the students "
                         f"would not understand its token ids")
     decoder = StreamingDecoder(model, tok)
     out.mkdir(parents=True, exist_ok=True)

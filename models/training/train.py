@@ -33,7 +33,7 @@ from models.training.data_loading import collate, encode_pairs, make_batches, ov
 from models.training.unlikelihood import unlikelihood_loss
 from models.errors import UserError
 from models.policies import policy_class
-from models.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer, vocabulary_difference
 from models.transformer import Transformer
 
 
@@ -349,12 +349,13 @@ def check_training_terms(tc: TrainConfig, cfg: ModelConfig) -> None:
         raise UserError("unlikelihood and teacher do not combine with the calibration variant's two losses")
 
 
-def load_teacher(path: str, cfg: ModelConfig, device) -> Transformer:
-    """The frozen distillation teacher at `path`; its vocabulary must be the model's."""
+def load_teacher(path: str, tok: Tokenizer, device) -> Transformer:
+    """The frozen distillation teacher at `path`; its vocabulary must be the model's (`tok`)."""
     from models.checkpoint import load_checkpoint
-    teacher, _, _ = load_checkpoint(path, device=device)
-    if teacher.cfg.vocab_size != cfg.vocab_size:
-        raise UserError(f"teacher {path} has a vocabulary of {teacher.cfg.vocab_size}, the model {cfg.vocab_size}: "
+    teacher, teacher_tok, _ = load_checkpoint(path, device=device)
+    why = vocabulary_difference(teacher_tok, tok)
+    if why:
+        raise UserError(f"teacher {path} has another vocabulary than the data's spm.model ({why}): "
                         "distillation needs the same one")
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -417,12 +418,17 @@ class Trainer:
         self.init_steps = 0  # updates behind the weights this run started from (learning-curve x axis)
         if tc.init_from:
             from models.checkpoint import load_checkpoint
-            init, _, info = load_checkpoint(tc.init_from)
+            init, init_tok, info = load_checkpoint(tc.init_from)
+            why = vocabulary_difference(init_tok, self.tok)
+            if why:   # (its embeddings would be copied to other pieces' ids, or dropped)
+                raise UserError(f"init_from {tc.init_from} has another vocabulary than the data's spm.model "
+                                f"({why}): build the data with `simulserve prepare-data --vocab-from "
+                                f"{tc.init_from}`")
             self._load_matching(init.state_dict())
             self.init_steps = int(info.get("steps", 0)) + int(info.get("init_steps", 0))
         self.teacher = None
         if tc.teacher:
-            self.teacher = load_teacher(tc.teacher, self.cfg, self.device)
+            self.teacher = load_teacher(tc.teacher, self.tok, self.device)
         trained = freeze_all_but(self.model, tc.train_only)
         self.opt = torch.optim.Adam(trained, lr=tc.lr, betas=tuple(tc.betas), eps=1e-8)
         self.step, self.epoch, self.position = 0, 0, 0
