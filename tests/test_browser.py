@@ -225,6 +225,42 @@ def test_disconnect_is_shown_then_reconnect(page, server):
     assert page.locator("#pane-a li.sentence.interrupted").count() == 0   # sentence 0 had finished
 
 
+def test_saved_subtitles_and_transcript_are_what_the_page_showed(page, server):
+    """The page's "save" buttons: the subtitles are the CLI's WebVTT (clients/subtitles.py) of the words as they
+    arrived, the transcript the sentences' translations; the page's cue maker equals the Python one on edge cases."""
+    from clients.subtitles import webvtt
+    open_page(page, server)
+    assert page.is_disabled("#pane-a .save-vtt") and page.is_disabled("#pane-a .save-txt")   # nothing shown yet
+    say(page, "haus baum licht")
+    say(page, "wald stein wasser feuer")
+    for pane, model, n in (("a", "gma", 0), ("b", "waitk", 1)):
+        wait_done(page, pane, 0), wait_done(page, pane, 1)
+        with page.expect_download() as got:
+            page.click(f"#pane-{pane} .save-vtt")
+        assert got.value.suggested_filename == f"captions-{pane}.vtt"
+        vtt = Path(got.value.path()).read_text(encoding="utf-8")
+        arrivals = page.evaluate(f"window.simulserve.state.panes[{n}].arrivals")
+        server_said = sent_by(page, model)
+        assert [a["text"] for a in arrivals] == [w["text"] for w in server_said["word"]]   # every word, in order
+        assert [a["ms"] for a in arrivals] == sorted(a["ms"] for a in arrivals) and arrivals[0]["ms"] > 0
+        assert len({a["sentence"] for a in arrivals}) == 2
+        assert vtt == webvtt([{"sentence": a["sentence"], "text": a["text"], "received_s": a["ms"] / 1000}
+                              for a in arrivals])
+        with page.expect_download() as got:
+            page.click(f"#pane-{pane} .save-txt")
+        assert Path(got.value.path()).read_text(encoding="utf-8") == \
+            "".join(m["translation"] + "\n" for m in server_said["sentence"])
+    # the page's cue maker against the Python one: pauses, one step's words, long lines, escapes, emoji
+    rng = __import__("random").Random(3)
+    ms, words = 0, []
+    for i in range(400):
+        ms += rng.choice([0, 1, 200, 700, 4999, 5000, 6000])
+        words.append({"sentence": i // 11, "text": rng.choice(["a", "Wort", "longer-words", "<&>", "Zürich", "👋🏽",
+                                                                "x" * 41, "y" * 50]), "ms": ms})
+    in_js = page.evaluate("(words) => window.simulserve.webvtt(words)", words)
+    assert in_js == webvtt([{**w, "received_s": w["ms"] / 1000} for w in words])
+
+
 @pytest.fixture(scope="module")
 def busy_server(trained, tmp_path_factory):
     """A delay budget no stream meets: admission by headroom keeps one stream at a time (in one engine process:

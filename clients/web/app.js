@@ -62,6 +62,47 @@
   }
   const hideBanner = () => { banner.className = "banner hidden"; };
 
+  // ------------------------------------------------------------------ saving: the transcript and subtitles
+  // WebVTT roll-up cues as clients/subtitles.py writes them for `simulserve stream --vtt` (tests/test_browser.py
+  // holds the two to the same file): every arriving word starts a cue showing the last two lines until the next
+  // word (at most HOLD_MS); a sentence starts a line; a line holds at most LINE_CHARS characters.
+  const LINE_CHARS = 42;
+  const HOLD_MS = 5000;
+  const chars = (text) => [...text].length;   // code points, as Python counts them
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  const vttTime = (ms) => `${pad(Math.floor(ms / 3600000))}:${pad(Math.floor(ms / 60000) % 60)}:` +
+    `${pad(Math.floor(ms / 1000) % 60)}.${pad(ms % 1000, 3)}`;
+  const vttEscape = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+
+  function webvtt(words) {   // words: {sentence, text, ms} in arrival order, ms an integer
+    const blocks = ["WEBVTT\n"];
+    const lines = [];        // [sentence, [word texts]]
+    words.forEach((w, i) => {
+      const last = lines[lines.length - 1];
+      if (!last || last[0] !== w.sentence || chars([...last[1], w.text].join(" ")) > LINE_CHARS) {
+        lines.push([w.sentence, [w.text]]);
+      } else {
+        last[1].push(w.text);
+      }
+      const end = i + 1 === words.length ? w.ms + HOLD_MS : Math.min(words[i + 1].ms, w.ms + HOLD_MS);
+      if (end > w.ms) {
+        const text = lines.slice(-2).map((l) => l[1].join(" ")).join("\n");
+        blocks.push(`${vttTime(w.ms)} --> ${vttTime(end)}\n${vttEscape(text)}\n`);
+      }
+    });
+    return blocks.join("\n");
+  }
+
+  function download(name, text, type) {
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(new Blob([text], { type: `${type};charset=utf-8` }));
+    a.download = name;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  }
+
   // ------------------------------------------------------------------ one policy = one pane
   class Pane {
     constructor(id) {
@@ -73,7 +114,7 @@
       for (const [name, sel] of Object.entries({
         select: ".model", knobBox: ".knob", knobName: ".knob-name", knob: ".knob-value", status: ".status",
         reconnectBtn: ".reconnect", alert: ".alert", liveSrc: ".live-src", caption: ".caption",
-        summary: ".summary", list: ".sentences",
+        summary: ".summary", list: ".sentences", saveTxt: ".save-txt", saveVtt: ".save-vtt",
       })) this[name] = $(sel, this.root);
       this.enabled = true;
       this.ws = null;
@@ -90,6 +131,11 @@
       this.failText = null;
       this.unsent = 0;
       this.streamLabel = null;
+      this.arrivals = [];       // every target word shown: {sentence, text, ms since clock0}, for the subtitles
+      this.clock0 = null;       // performance.now() when this pane sent its first source word
+      this.keys = 0;            // sentences made so far (each one's key)
+      this.saveTxt.addEventListener("click", () => download(`captions-${id}.txt`, this.transcript(), "text/plain"));
+      this.saveVtt.addEventListener("click", () => download(`captions-${id}.vtt`, webvtt(this.arrivals), "text/vtt"));
       this.select.addEventListener("change", () => { this.configureKnob(); this.reconnect(); });
       this.knob.addEventListener("change", () => { this.clampKnob(); this.reconnect(); });
       this.reconnectBtn.addEventListener("click", () => this.reconnect());
@@ -334,6 +380,7 @@
     }
 
     addSource(text, id) {
+      if (this.clock0 === null) this.clock0 = performance.now();
       if (!this.open) this.open = this.newSentence();
       this.open.source.push({ text, id });
       const s = this.open;
@@ -380,7 +427,9 @@
 
     // ---------------------------------------------------------------- receiving
     newSentence() {
-      const s = { idx: this.sentences.length, source: [], words: [], ended: false, done: false, li: el("li", "sentence") };
+      // key: the sentence's number for good (idx moves where unsend drops a sentence)
+      const s = { idx: this.sentences.length, key: ++this.keys, source: [], words: [], ended: false, done: false,
+        li: el("li", "sentence") };
       s.li.dataset.sentence = s.idx;
       this.sentences.push(s);
       this.list.prepend(s.li);
@@ -395,6 +444,9 @@
     onWord(msg) {
       const s = this.sentenceAt(msg.sentence);
       s.words[msg.index] = { text: msg.text, delay: msg.delay, complete: msg.source_complete, lag: msg.lag_ms };
+      const now = performance.now();
+      this.arrivals.push({ sentence: s.key, text: msg.text, ms: Math.round(now - (this.clock0 ?? now)) });
+      this.saveTxt.disabled = this.saveVtt.disabled = false;
       this.render(s);
     }
 
@@ -409,6 +461,11 @@
         elapsed: msg.elapsed_ms });
       this.render(s);
       this.updateSummary();
+    }
+
+    transcript() {   // the English of every sentence with words, one a line (an unfinished one: its words so far)
+      return this.sentences.map((s) => (s.done ? s.translation : s.words.filter(Boolean).map((w) => w.text).join(" ")))
+        .filter(Boolean).map((t) => t + "\n").join("");
     }
 
     // ---------------------------------------------------------------- drawing
@@ -680,7 +737,7 @@
   compare.addEventListener("change", applyCompare);
   if (!compare.checked) applyCompare();
 
-  window.simulserve = { state, feed };   // for the console
+  window.simulserve = { state, feed, webvtt };   // for the console (and the tests)
   loadDemo();
   loadModels();
 })();
