@@ -32,6 +32,8 @@ from models.sentence_cutter import END, LIMITS, NO_CUTS, CutRule, OpenSentence, 
 from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, Start, Text, Words,
                              error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
+from server.stream_log import StreamRecord, refused, setting
+from server.stream_log import log as stream_log
 
 log = logging.getLogger("simulserve.server")
 WEB_DIR = Path(__file__).resolve().parents[1] / "clients" / "web"
@@ -339,6 +341,7 @@ def _subprotocol(ws: WebSocket) -> str | None:
 async def refuse(ws: WebSocket, srv: ServerState, code: str, message: str | None = None) -> None:
     """Accept, send the fatal error (a client can read why), close with its code."""
     srv.metrics.errors.labels(code).inc()
+    refused(ws.client.host if ws.client else "?", code)
     try:
         await ws.accept(subprotocol=_subprotocol(ws))
         await ws.send_text(json.dumps(error(code, message)))
@@ -371,6 +374,7 @@ class Session:
         self.warned = False
         self.killed: str | None = None
         self.tasks: list[asyncio.Task] = []
+        self.record = StreamRecord(ws.client.host if ws.client else "?", time.monotonic())   # the stream's log line
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_loop())
@@ -387,6 +391,8 @@ class Session:
             await asyncio.gather(*self.tasks, return_exceptions=True)
             while not self.out.empty():      # replies nobody will read: free them now, not at the next gc
                 self.out.get_nowait()
+            self.record.dropped = self.killed
+            stream_log.info("%s", self.record.line(time.monotonic()))
         if self.killed:
             try:   # a client that does not read never takes the close frame: do not wait for it forever
                 await asyncio.wait_for(self.ws.close(ERRORS[self.killed][1]), CLOSE_WAIT_S)
@@ -424,13 +430,21 @@ class Session:
             if kind == "word":
                 msg["seq"] = self.seq
                 self.seq += 1
+                self.record.words_out += 1
+            elif kind == "sentence":
+                self.record.sentences += 1
             elif kind == "error":
                 self.queued_errors -= 1
                 self.srv.metrics.errors.labels(msg["code"]).inc()
+                if msg["fatal"]:
+                    self.record.error = msg["code"]
+                else:
+                    self.record.last_error = msg["code"]
             elif kind == "warning":
                 self.srv.metrics.warnings.labels(msg["code"]).inc()
             await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
             if kind == "end":
+                self.record.ended = True
                 await self.ws.close(1000)
                 return
             if kind == "error" and msg["fatal"]:
@@ -472,6 +486,7 @@ class Session:
                     self.reply(error("idle_timeout", f"no valid message for {limits.idle_timeout_s:g} s"))
                 return "fatal"
             if frame["type"] == "websocket.disconnect":
+                self.record.close_code = frame.get("code")
                 return "disconnect"
             if not self.rate.take():
                 self.reply(error("rate_limited", f"over {limits.rate_limit:g} messages per second "
@@ -556,8 +571,11 @@ class Session:
         if self.auto:   # (the source EOS takes one of the model's positions)
             self.rule = CutRule(boundary=boundary, max_words=limits.max_words_per_sentence,
                                 max_subwords=c.max_positions - 1)
+        stream = uuid.uuid4().hex[:16]
+        self.record.stream, self.record.model = stream, name
+        self.record.setting = setting(policy.k, policy.delta, self.auto)
         self.reply({
-            "type": "ready", "stream": uuid.uuid4().hex[:16], "model": name, "policy": policy.kind,
+            "type": "ready", "stream": stream, "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
             "auto_segment": self.auto, "segmenter": msg.segmenter if self.auto else None,
             "end_after_pause_s": self.pause_s,
@@ -607,6 +625,7 @@ class Session:
             if seg.ends:
                 ow, osw = 0, 0
         self.partial, self.open = partial, after
+        self.record.words_in += n
         t = time.monotonic()
         for seg in plan:
             if seg.words:

@@ -47,7 +47,7 @@ class WorkersServer(LiveServer):
     """`simulserve serve --workers N` in a subprocess on a free loopback port, its settings given as SIMULSERVE_*
     variables (LiveServer's defaults: float32 steps, no admission by headroom); LiveServer's interface."""
 
-    def __init__(self, workers: int = WORKERS, engines: int = 1, **settings):
+    def __init__(self, workers: int = WORKERS, engines: int = 1, log_level: str = "warning", **settings):
         settings.setdefault("step", "default")
         settings.setdefault("admission", False)
         self.engines = engines
@@ -60,7 +60,7 @@ class WorkersServer(LiveServer):
                     **{f"SIMULSERVE_{k.upper()}": _env_value(v) for k, v in settings.items()}}
         self.cmd = [sys.executable, "-m", "clients.cli", "serve", "--workers", str(workers), "--engines", str(engines),
                     "--port", str(self.port),
-                    "--torch-threads", "1", "--log-level", "warning"]
+                    "--torch-threads", "1", "--log-level", log_level]
 
     def __enter__(self):
         return self.start()
@@ -309,12 +309,16 @@ def test_a_process_that_dies_stops_the_server(trained, victim, engines):
 
 
 def test_sigterm_closes_open_streams_and_stops_cleanly(trained):
-    srv = WorkersServer(models={"waitk": str(trained["waitk"])})
+    srv = WorkersServer(models={"waitk": str(trained["waitk"])}, log_level="info")
     with srv:
+        done, _ = asyncio.run(talk(srv.url, [START, {"type": "words", "words": ["haus", "baum"]},
+                                             {"type": "end_stream"}]))
+
         async def main():
             ws = await connect(srv.url)
             await ws.send(json.dumps(START))
-            assert json.loads(await ws.recv())["type"] == "ready"
+            ready = json.loads(await ws.recv())
+            assert ready["type"] == "ready"
             srv.proc.send_signal(signal.SIGTERM)
             try:
                 async with asyncio.timeout(20):
@@ -322,11 +326,19 @@ def test_sigterm_closes_open_streams_and_stops_cleanly(trained):
                         pass
             except Exception:  # noqa: BLE001
                 pass
-            return ws.close_code
+            return ws.close_code, ready["stream"]
 
-        assert asyncio.run(main()) == 1012          # uvicorn's "service restart"
+        code, stream = asyncio.run(main())
+        assert code == 1012          # uvicorn's "service restart"
         assert srv.proc.wait(30) == 0
+        output = srv.output()
     assert not any(alive(p) for p in srv.pids())
+    # each front end logs its streams (server/stream_log.py): the finished one, and the one the stop closed
+    logged = re.findall(r"\[front end \d\] simulserve\.streams: (.*)", output)
+    assert [line for line in logged if line.startswith(f"stream {done[0]['stream']} ")][0].endswith(
+        "2 word(s) in, 2 out; ended by the client (end_stream)")
+    assert [line for line in logged if line.startswith(f"stream {stream} ")][0].endswith(
+        "server stopping (close code 1012, restarting)")
 
 
 def test_workers_setting(monkeypatch):
