@@ -74,9 +74,15 @@ class RollUp:
 
 
 def cues(words: list[dict]) -> list[Cue]:
-    roll = RollUp()
-    out = [roll.add(w) for w in words] + [roll.finish()]
-    return [c for c in out if c is not None]
+    """The cues of `word` messages in arrival order; an entry {"restart": n} stands for a reconnect that sent
+    sentence n and the later ones again (RollUp.restart)."""
+    roll, out = RollUp(), []
+    for w in words:
+        if "restart" in w:
+            roll.restart(w["restart"])
+        else:
+            out.append(roll.add(w))
+    return [c for c in out + [roll.finish()] if c is not None]
 
 
 def webvtt(words: list[dict]) -> str:

@@ -197,32 +197,46 @@ def test_bad_key_then_captions_side_by_side(page, server):
     page.screenshot(path=str(ARTIFACTS / "caption_page.png"), full_page=True)
 
 
-def test_disconnect_is_shown_then_reconnect(page, server):
+def test_a_lost_connection_is_shown_and_nothing_typed_is_lost(page, server):
+    """The server goes away mid-sentence: the panes say so, hold what is typed meanwhile, reconnect by themselves
+    when it is back, and send the unfinished sentence again from its first word: its translation is whole."""
     open_page(page, server)
     say(page, "berg fluss stadt")
     wait_done(page, "a", 0)
     wait_done(page, "b", 0)
+    page.click("#live-input")
+    page.keyboard.type("haus baum ", delay=15)          # two words of the next sentence go out
+    page.wait_for_function("window.simulserve.state.panes.every((p) => p.sentences.length === 2)")
     server.stop()
     try:
         for pane in ("a", "b"):
             page.wait_for_selector(f"#pane-{pane} .status[data-state=disconnected]")
             assert "Disconnected from the server" in page.inner_text(f"#pane-{pane} .alert")
-        # words typed while the server is down are not silently lost
-        say(page, "meer wind")
-        page.wait_for_function("document.querySelector('#pane-a .alert').textContent.includes('Not sent')")
+        page.keyboard.type("licht", delay=15)           # the sentence's end, typed while the server is down
+        page.keyboard.press("Enter")
+        page.wait_for_function("document.querySelector('#pane-a .alert').textContent.includes('3 word(s) held')")
+        assert "connection lost" in page.inner_text(sentence(page, "a", 1))
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "caption_page_disconnected.png"), full_page=True)
     finally:
         server.start()
-    page.click("#pane-a .reconnect")
-    page.click("#pane-b .reconnect")
-    for pane in ("a", "b"):
-        page.wait_for_selector(f"#pane-{pane} .status[data-state=ready]")
-    say(page, "haus baum licht")
-    for pane in ("a", "b"):
+    for pane, model in (("a", "gma"), ("b", "waitk")):   # back by themselves (retries after 1, 2, 4... s)
+        page.wait_for_selector(f"#pane-{pane} .status[data-state=ready]", timeout=60_000)
         assert wait_done(page, pane, 1).locator(".translation").inner_text() == "haus baum licht"
+        assert sent_by(page, model)["sentence"][0]["source"] == "haus baum licht"   # sent again, whole
         assert page.locator(f"#pane-{pane} .alert").is_hidden()
-    assert page.locator("#pane-a li.sentence.interrupted").count() == 0   # sentence 0 had finished
+        assert page.locator(f"#pane-{pane} li.sentence").count() == 2
+    assert page.locator("li.sentence.interrupted").count() == 0
+    say(page, "meer wind")
+    for pane in ("a", "b"):
+        assert wait_done(page, pane, 2).locator(".translation").inner_text() == "meer wind"
+    # the subtitles: the sentence sent again starts a new line, and its whole translation is the last cue's
+    from clients.subtitles import cues
+    arrivals = page.evaluate("window.simulserve.state.panes[0].arrivals")
+    assert any("restart" in a for a in arrivals)
+    texts = [text for _, _, text in cues(as_words(arrivals))]
+    assert "haus baum licht" in [t.split("\n")[-1] for t in texts]
+    assert not any("haus baum haus" in t for t in texts)
 
 
 def test_saved_subtitles_and_transcript_are_what_the_page_showed(page, server):
@@ -244,21 +258,29 @@ def test_saved_subtitles_and_transcript_are_what_the_page_showed(page, server):
         assert [a["text"] for a in arrivals] == [w["text"] for w in server_said["word"]]   # every word, in order
         assert [a["ms"] for a in arrivals] == sorted(a["ms"] for a in arrivals) and arrivals[0]["ms"] > 0
         assert len({a["sentence"] for a in arrivals}) == 2
-        assert vtt == webvtt([{"sentence": a["sentence"], "text": a["text"], "received_s": a["ms"] / 1000}
-                              for a in arrivals])
+        assert vtt == webvtt(as_words(arrivals))
         with page.expect_download() as got:
             page.click(f"#pane-{pane} .save-txt")
         assert Path(got.value.path()).read_text(encoding="utf-8") == \
             "".join(m["translation"] + "\n" for m in server_said["sentence"])
     # the page's cue maker against the Python one: pauses, one step's words, long lines, escapes, emoji
+    # and a lost connection's restarts (the sentence sent again, with the later ones)
     rng = __import__("random").Random(3)
     ms, words = 0, []
     for i in range(400):
         ms += rng.choice([0, 1, 200, 700, 4999, 5000, 6000])
         words.append({"sentence": i // 11, "text": rng.choice(["a", "Wort", "longer-words", "<&>", "Zürich", "👋🏽",
                                                                 "x" * 41, "y" * 50]), "ms": ms})
+        if rng.random() < 0.03:
+            words.append({"restart": rng.randint(max(0, i // 11 - 1), i // 11)})
     in_js = page.evaluate("(words) => window.simulserve.webvtt(words)", words)
-    assert in_js == webvtt([{**w, "received_s": w["ms"] / 1000} for w in words])
+    assert in_js == webvtt(as_words(words))
+    assert sum("restart" in w for w in words) > 3
+
+
+def as_words(arrivals: list[dict]) -> list[dict]:
+    """The page's recorded arrivals as clients/subtitles.py takes them (seconds; restarts as they are)."""
+    return [a if "restart" in a else {**a, "received_s": a["ms"] / 1000} for a in arrivals]
 
 
 @pytest.fixture(scope="module")

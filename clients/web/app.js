@@ -35,6 +35,7 @@
   const AUTO_RETRY = new Set(["server_full", "server_busy", "not_ready", "internal_error", "disconnect"]);
   const NEEDS_USER = new Set(["unauthorized", "origin_not_allowed", "bad_setting", "unknown_model",
     "too_many_auth_failures", "too_many_connections"]);
+  const HOLD_WORDS = 500;   // words typed while a lost connection comes back: held and sent then (more: not sent)
 
   function keyProtocol(key) {   // "simulserve.key." + base64url(UTF-8 key), no padding
     const bytes = new TextEncoder().encode(key);
@@ -74,22 +75,31 @@
     `${pad(Math.floor(ms / 1000) % 60)}.${pad(ms % 1000, 3)}`;
   const vttEscape = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 
-  function webvtt(words) {   // words: {sentence, text, ms} in arrival order, ms an integer
+  function webvtt(entries) {
+    // entries in arrival order: a word {sentence, text, ms} (ms an integer), or {restart: sentence} where a lost
+    // connection sent that sentence and the later ones again (their words leave the lines; cues shown stay)
     const blocks = ["WEBVTT\n"];
-    const lines = [];        // [sentence, [word texts]]
-    words.forEach((w, i) => {
+    let lines = [];          // [sentence, [word texts]]
+    let open = null;         // the last word's cue, its end not known yet: [start ms, text]
+    const close = (next) => {
+      if (!open) return;
+      const [start, text] = open;
+      const end = next === null ? start + HOLD_MS : Math.min(next, start + HOLD_MS);
+      if (end > start) blocks.push(`${vttTime(start)} --> ${vttTime(end)}\n${vttEscape(text)}\n`);
+      open = null;
+    };
+    for (const w of entries) {
+      if (w.restart !== undefined) { lines = lines.filter((l) => l[0] < w.restart); continue; }
       const last = lines[lines.length - 1];
       if (!last || last[0] !== w.sentence || chars([...last[1], w.text].join(" ")) > LINE_CHARS) {
         lines.push([w.sentence, [w.text]]);
       } else {
         last[1].push(w.text);
       }
-      const end = i + 1 === words.length ? w.ms + HOLD_MS : Math.min(words[i + 1].ms, w.ms + HOLD_MS);
-      if (end > w.ms) {
-        const text = lines.slice(-2).map((l) => l[1].join(" ")).join("\n");
-        blocks.push(`${vttTime(w.ms)} --> ${vttTime(end)}\n${vttEscape(text)}\n`);
-      }
-    });
+      close(w.ms);
+      open = [w.ms, lines.slice(-2).map((l) => l[1].join(" ")).join("\n")];
+    }
+    close(null);
     return blocks.join("\n");
   }
 
@@ -119,7 +129,8 @@
       this.enabled = true;
       this.ws = null;
       this.ready = false;
-      this.queue = [];          // {words, end} sent once the stream is ready
+      this.queue = [];          // {words, end} sent once the stream is ready (held while a lost connection comes back)
+      this.resend = null;       // index in `sentences` of the first unfinished sentence a lost connection left
       this.sentences = [];      // every sentence this pane has seen, over all its connections
       this.open = null;         // the local sentence that is still receiving source words
       this.base = 0;            // index in `sentences` of the current stream's sentence 0
@@ -275,13 +286,14 @@
           this.failText = null;
           this.unsent = 0;
           delete this.root.dataset.error;
-          this.base = this.sentences.length;
+          this.base = this.resend ?? this.sentences.length;
           if (this.streamLabel !== null && this.streamLabel !== label && this.sentences.length) {
             this.list.prepend(el("li", "divider", `now: ${msg.model} · ${label}`));
           }
           this.streamLabel = label;
           this.setStatus("ready", `live · ${label}`);
           if (this.alert.dataset.kind === "error") this.hideAlert();
+          this.sendAgain();
           for (const item of this.queue.splice(0)) this.transmit(item);
           break;
         case "word": this.onWord(msg); break;
@@ -313,8 +325,12 @@
     onClose(ev) {
       this.ws = null;
       this.ready = false;
-      this.interrupt();
-      this.unsent += this.queue.splice(0).reduce((n, it) => n + it.words.length, 0);
+      if (this.fatal && !AUTO_RETRY.has(this.fatal.code)) {   // no new stream comes by itself
+        this.interrupt();
+        this.unsent += this.queue.splice(0).reduce((n, it) => n + it.words.length, 0);
+      } else {
+        this.holdForResend();
+      }
       if (this.fatal) {
         const { code, message, retry_after: retryAfter } = this.fatal;
         this.failed(code, ERROR_TEXT[code] || message, PLAIN.has(code) ? null : message, retryAfter);
@@ -350,6 +366,8 @@
       let text = this.failText;
       if (this.retryLeft > 0) text += ` Reconnecting in ${this.retryLeft} s…`;
       else if (this.ws && AUTO_RETRY.has(this.lastError)) text += " Reconnecting…";
+      const held = this.heldWords();
+      if (held) text += ` ${held} word(s) held: sent when the connection is back.`;
       if (this.unsent) text += ` Not sent: ${this.unsent} word(s).`;
       this.showAlert(text, "error");
     }
@@ -359,7 +377,13 @@
       if (!this.enabled || (!words.length && !end)) return;
       if (this.ready) { this.transmit({ words, end }); return; }
       if (!this.ws && !this.retryTimer && !NEEDS_USER.has(this.lastError)) this.connect();
-      if (this.ws) { this.queue.push({ words, end }); return; }
+      // connecting, or a lost connection coming back by itself: hold the words, they go out with it
+      const comingBack = this.retryTimer && AUTO_RETRY.has(this.lastError);
+      if (this.ws || (comingBack && this.heldWords() + words.length <= HOLD_WORDS)) {
+        this.queue.push({ words, end });
+        if (!this.ws) this.renderFailure();
+        return;
+      }
       if (words.length) {   // no stream: say so rather than lose the words silently
         this.unsent += words.length;
         if (this.failText) this.renderFailure(); else this.showAlert(`Not connected. Not sent: ${this.unsent} word(s).`);
@@ -416,10 +440,50 @@
       this.updateLive();
     }
 
-    interrupt() {   // the stream is gone: its unfinished sentences will never finish
-      for (let i = this.base; i < this.sentences.length; i++) {
+    heldWords() {   // source words waiting for a connection: unfinished sentences to send again, and new input
+      const again = this.resend === null ? 0
+        : this.sentences.slice(this.resend).reduce((n, s) => n + s.source.length, 0);
+      return again + this.queue.reduce((n, it) => n + it.words.length, 0);
+    }
+
+    holdForResend() {   // a lost connection: its unfinished sentences start again, from their first word, when it is back
+      let i = this.base;
+      while (i < this.sentences.length && this.sentences[i].done) i++;
+      if (this.resend === null) this.resend = i < this.sentences.length ? i : null;
+      this.open = null;
+      this.base = this.sentences.length;
+      if (this.resend === null) return;
+      this.arrivals.push({ restart: this.sentences[this.resend].key });   // (the subtitles start them on a new line)
+      for (const s of this.sentences.slice(this.resend)) {
+        s.words = [];       // their translation starts again too (the words shown so far are void)
+        s.waiting = true;
+        this.render(s);
+      }
+    }
+
+    sendAgain() {   // on `ready`: the held unfinished sentences first, each as it was sent before
+      if (this.resend === null) return;
+      const again = this.sentences.slice(this.resend);
+      this.resend = null;
+      for (const s of again) {
+        s.waiting = false;
+        const id = ++this.msgId;
+        this.ws.send(JSON.stringify({ type: "words", words: s.source.map((w) => w.text), id }));
+        for (const w of s.source) w.id = id;
+        if (s.ended && !endsSentence(s.source[s.source.length - 1].text)) {
+          this.ws.send(JSON.stringify({ type: "end_sentence" }));
+        }
+        if (!s.ended) this.open = s;
+        this.render(s);
+      }
+    }
+
+    interrupt() {   // the stream is gone: its unfinished sentences (held ones too) will never finish
+      const from = this.resend ?? this.base;
+      this.resend = null;
+      for (let i = from; i < this.sentences.length; i++) {
         const s = this.sentences[i];
-        if (!s.done && !s.interrupted) { s.interrupted = true; s.ended = true; this.render(s); }
+        if (!s.done && !s.interrupted) { s.interrupted = true; s.waiting = false; s.ended = true; this.render(s); }
       }
       this.open = null;
       this.base = this.sentences.length;
@@ -518,7 +582,8 @@
           lat && lat.LAAL !== undefined ? metric("LAAL", lat.LAAL) : "",
           el("span", "ms", `${Math.round(s.compute)} ms compute`));
       } else {
-        stats = el("div", "stats pending", s.interrupted ? "interrupted: the stream closed" : "translating…");
+        stats = el("div", "stats pending", s.interrupted ? "interrupted: the stream closed"
+          : s.waiting ? "connection lost: sent again when it is back" : "translating…");
       }
       li.replaceChildren(grid, tape, trans, stats);
       this.updateLive();
