@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from clients.asr_input import AsrInputError, Stabilizer, stable_lines
 from clients.subtitles import LiveWebVTT
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
@@ -377,6 +378,14 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
         await ws.close()
 
 
+def _asr_lines(src, stabilizer: Stabilizer):
+    """stable_lines over `src`, a bad line a ClientError (exit 2) that stops the stream."""
+    try:
+        yield from stable_lines(src, stabilizer)
+    except AsrInputError as e:
+        raise ClientError(str(e), 2) from None
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "stream", help="stream text to a simulserve server and show live captions",
@@ -397,13 +406,18 @@ def register(sub) -> None:
     p.add_argument("--model", "-m", help="model name (GET /v1/models; default: the server's first)")
     p.add_argument("--k", type=int, help="wait-k lag (wait-k models)")
     p.add_argument("--delta", type=float, help="GMA relaxation offset δ (GMA models)")
-    p.add_argument("--wpm", type=float, default=150.0, help="words per minute (default 150; 0 = as fast as "
-                                                            "the server translates)")
+    p.add_argument("--wpm", type=float, default=None, help="words per minute (default 150, with --asr-json 0; 0 = "
+                                                           "as fast as they come or the server translates)")
     p.add_argument("--auto-segment", action="store_true", help="continuous text: the server cuts sentences "
                                                                "at . ! ? (a blank line also ends one)")
     p.add_argument("--segmenter", choices=("punct", "boundary"), default="punct",
                    help="with --auto-segment: punct (a sentence ends after . ! ? …, the default) or boundary (also "
                         "where the server's sentence-boundary classifier finds an end: titles, list items)")
+    p.add_argument("--asr-json", action="store_true",
+                   help="the input is a speech recogniser's running results, one JSON object a line: "
+                        "{\"partial\": TEXT} or {\"text\": TEXT} (final; Vosk's form). A word goes out once two "
+                        "partial results in a row agree on it; a final result sends the rest and ends the sentence. "
+                        "Implies --auto-segment and, unless given, --wpm 0")
     p.add_argument("--end-after-pause", type=float, metavar="S",
                    help="with --auto-segment: the server ends the open sentence when no words have come for S "
                         "seconds (a live pipe whose speaker paused: its last words are translated then)")
@@ -437,8 +451,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    if args.asr_json:   # (results come as they are spoken: no pace of the client's own)
+        args.auto_segment = True
+    if args.wpm is None:
+        args.wpm = 0.0 if args.asr_json else 150.0
     try:
         url = normalize_url(args.url)
+        if args.asr_json and args.reference:
+            raise ClientError("--reference scores a talk read from a text file, not --asr-json results", 2)
         if args.reference and not (args.auto_segment and args.wpm > 0 and args.input):
             raise ClientError("--reference scores a talk: give the talk's file, --auto-segment and a --wpm > 0", 2)
         if args.segmenter != "punct" and not args.auto_segment:
@@ -457,10 +477,12 @@ def run(args) -> int:
     captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats,
                         words=args.words, vtt=vtt)
     summary = None
+    asr = Stabilizer() if args.asr_json else None
     try:
         with src:
             summary = asyncio.run(stream_lines(
-                url, (line for line in src), model=args.model, k=args.k, delta=args.delta, wpm=args.wpm,
+                url, _asr_lines(src, asr) if asr else (line for line in src), model=args.model, k=args.k,
+                delta=args.delta, wpm=args.wpm,
                 auto_segment=args.auto_segment, segmenter=args.segmenter, end_after_pause=args.end_after_pause,
                 api_key=args.api_key,
                 reconnect=args.reconnect, busy_wait=args.busy_wait,
@@ -475,6 +497,9 @@ def run(args) -> int:
     finally:
         if vtt is not None:   # the last word's cue; the cues before it are in the file already
             vtt.close()
+    if asr is not None and asr.revised:
+        print(f"simulserve stream: the recogniser revised {asr.revised} word(s) after they had been sent (they "
+              "stay as first sent)", file=sys.stderr)
     if args.reference:
         return _score_talk(args, summary)
     lat = [s["latency"] for s in summary.sentences if s["latency"]]
