@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from clients.asr_input import AsrInputError, Stabilizer, stable_lines
+from clients.caption_feed import CaptionFeed, CaptionServer, parse_address
 from clients.subtitles import LiveWebVTT
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
@@ -84,11 +85,13 @@ class Captions:
     """Live display: the growing caption line on a terminal, then each sentence with its statistics."""
 
     def __init__(self, out=sys.stdout, live: bool | None = None, as_json: bool = False, stats: bool = True,
-                 words: bool = False, vtt=None):
+                 words: bool = False, listeners=()):
         # words: every word and sentence message as a JSON line the moment it arrives (a program reading the
         # pipe: subtitles, a chat bridge), and a "restart" line where a reconnect sends a sentence again;
-        # vtt: a clients.subtitles.LiveWebVTT that writes the words as subtitles as they arrive
-        self.out, self.as_json, self.stats, self.words, self.vtt = out, as_json or words, stats, words, vtt
+        # listeners: more readers of the words as they arrive, each with word(msg) and restart(sentence):
+        # clients.subtitles.LiveWebVTT (--vtt), clients.caption_feed.CaptionFeed (--serve-captions)
+        self.out, self.as_json, self.stats, self.words = out, as_json or words, stats, words
+        self.listeners = list(listeners)
         self.live = (out.isatty() if live is None else live) and not self.as_json
         self.current: list[str] = []
 
@@ -100,8 +103,8 @@ class Captions:
         self.current.append(msg["text"])
         if self.words:
             self._line(msg)
-        if self.vtt is not None:
-            self.vtt.word(msg)
+        for listener in self.listeners:
+            listener.word(msg)
         if self.live:
             width = shutil.get_terminal_size((100, 20)).columns - 1
             line = " ".join(self.current)
@@ -114,8 +117,8 @@ class Captions:
             self.out.write("\r\033[K")
         if self.words:   # (their words so far are void: they come again)
             self._line({"type": "restart", "sentence": sentence})
-        if self.vtt is not None:
-            self.vtt.restart(sentence)
+        for listener in self.listeners:
+            listener.restart(sentence)
         self.current = []
 
     def sentence(self, msg: dict) -> None:
@@ -445,12 +448,17 @@ def register(sub) -> None:
                    help="also write the translation as WebVTT subtitles, each word when it arrived (roll-up: "
                         "a recording of the talk played with FILE shows what the live audience saw); written as "
                         "the words come, one word behind, so a stopped stream keeps what it showed")
+    p.add_argument("--serve-captions", metavar="[HOST:]PORT",
+                   help="also show the captions to an audience: serve a full-screen caption page at "
+                        "http://HOST:PORT/ (HOST 127.0.0.1 unless given; 0.0.0.0 for other machines; PORT 0 takes a "
+                        "free one) while the stream runs")
     p.add_argument("--no-stats", action="store_true", help="print translations only")
     p.add_argument("--no-live", action="store_true", help="no live caption line, even on a terminal")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    vtt = None
     if args.asr_json:   # (results come as they are spoken: no pace of the client's own)
         args.auto_segment = True
     if args.wpm is None:
@@ -469,13 +477,20 @@ def run(args) -> int:
         if args.end_after_pause is not None and not 0 < args.end_after_pause <= 3600:
             raise ClientError(f"--end-after-pause {args.end_after_pause:g}: give seconds, 0 < S <= 3600", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
-        # (opened now: a path that cannot be written fails before the stream, not after it)
+        # (opened now: a path that cannot be written, or a port taken, fails before the stream, not after it)
         vtt = LiveWebVTT(open(args.vtt, "w", encoding="utf-8")) if args.vtt else None
-    except (ClientError, OSError) as e:
+        feed = viewers = None
+        if args.serve_captions:
+            feed = CaptionFeed()
+            viewers = CaptionServer(feed, *parse_address(args.serve_captions)).start()
+            print(f"simulserve stream: captions for viewers at {viewers.url}", file=sys.stderr, flush=True)
+    except (ClientError, OSError, ValueError) as e:
+        if vtt is not None:
+            vtt.close()
         print(f"simulserve stream: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats,
-                        words=args.words, vtt=vtt)
+                        words=args.words, listeners=[x for x in (vtt, feed) if x is not None])
     summary = None
     asr = Stabilizer() if args.asr_json else None
     try:
@@ -497,6 +512,9 @@ def run(args) -> int:
     finally:
         if vtt is not None:   # the last word's cue; the cues before it are in the file already
             vtt.close()
+        if viewers is not None:   # the viewers' pages say the stream has ended
+            feed.end()
+            viewers.close(feed)
     if asr is not None and asr.revised:
         print(f"simulserve stream: the recogniser revised {asr.revised} word(s) after they had been sent (they "
               "stay as first sent)", file=sys.stderr)

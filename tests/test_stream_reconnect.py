@@ -65,7 +65,7 @@ def test_stream_reconnects_after_the_server_restarts(trained, tmp_path):
         # the default 3 tries (0.5 + 1 + 2 s of back-off) are about a user's patience, not this test's
         summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, reconnect=6,
                                            warn=notes.append,
-                                           captions=Captions(out=shown, live=False, words=True, vtt=vtt)))
+                                           captions=Captions(out=shown, live=False, words=True, listeners=[vtt])))
     finally:
         vtt.close()
         t.join(60)
