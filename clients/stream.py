@@ -400,6 +400,8 @@ def register(sub) -> None:
                "  simulserve stream talk.txt --url wss://mt.example.org/v1/stream --api-key KEY\n"
                "  asr | simulserve stream --auto-segment --words | my-subtitler   # JSON lines, word by word\n"
                "  simulserve stream talk.txt --auto-segment --vtt talk.en.vtt   # and WebVTT subtitles\n"
+               "  recogniser | simulserve stream --asr-json --serve-captions 0.0.0.0:8080   # speech to an "
+               "audience's screens\n"
                "exit codes: 0 done, 2 unreachable or not a simulserve server, 3 server full, loading or busy,\n"
                "4 API key or origin rejected, 5 any other refusal",
         formatter_class=argparse.RawDescriptionHelpFormatter)
