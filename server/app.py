@@ -430,7 +430,7 @@ class Session:
             if kind == "word":
                 msg["seq"] = self.seq
                 self.seq += 1
-                self.record.words_out += 1
+                self.record.wrote(msg["lag_ms"])
             elif kind == "sentence":
                 self.record.sentences += 1
             elif kind == "error":

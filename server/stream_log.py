@@ -1,7 +1,8 @@
 """One log line per websocket: a stream's summary when it closes, or why a connection was refused.
 
 What an operator needs to answer "what happened to my client": the address, the model and its setting, how
-long the stream lasted, how many sentences and words went in and came out, and what ended it. Never the text:
+long the stream lasted, how many sentences and words went in and came out, how late the server wrote them
+(the words' `lag_ms`: mean and max), and what ended it. Never the text:
 what people say in a live talk or a chat stays out of the server's logs. The logger is `simulserve.streams`
 (INFO); `--log-level warning` silences it with the rest, and a logging configuration can route it apart.
 """
@@ -25,12 +26,19 @@ class StreamRecord:
     setting: str = ""             # "k=3", "delta=1", "" (offline), with ", auto_segment"
     words_in: int = 0             # source words accepted
     words_out: int = 0            # target words sent
+    lag_sum_ms: float = 0.0       # their lag_ms (the server's time from the input a word needed to its emission)
+    lag_max_ms: float = 0.0
     sentences: int = 0            # sentence messages sent
     ended: bool = False           # the `end` message went out: the client's end_stream, finished
     error: str | None = None      # the fatal error's code sent (idle_timeout, server_busy, ...)
     last_error: str | None = None  # the last other error's code (bad_setting, backlog_full, ...)
     dropped: str | None = None    # the connection was dropped (slow_consumer)
     close_code: int | None = None  # the client's (or a stopping server's) close code
+
+    def wrote(self, lag_ms: float) -> None:
+        self.words_out += 1
+        self.lag_sum_ms += lag_ms
+        self.lag_max_ms = max(self.lag_max_ms, lag_ms)
 
     def outcome(self) -> str:
         if self.ended:
@@ -49,8 +57,10 @@ class StreamRecord:
     def line(self, now: float) -> str:
         who = f"stream {self.stream}" if self.stream else "connection without a stream"
         what = f"{self.model}" + (f" ({self.setting})" if self.setting else "") if self.model else "no model"
+        lag = f" (lag mean {self.lag_sum_ms / self.words_out:.0f} ms, max {self.lag_max_ms:.0f} ms)" \
+            if self.words_out else ""
         return (f"{who} from {self.ip}: {what}, {now - self.opened:.1f} s, {self.sentences} sentence(s), "
-                f"{self.words_in} word(s) in, {self.words_out} out; {self.outcome()}")
+                f"{self.words_in} word(s) in, {self.words_out} out{lag}; {self.outcome()}")
 
 
 def setting(k, delta, auto_segment: bool) -> str:

@@ -45,8 +45,9 @@ def test_one_line_per_stream_with_what_its_client_saw(server, caplog):
     assert len(sentences) == 2
     [line] = lines(caplog, 1)
     assert line.startswith(f"stream {ready['stream']} from 127.0.0.1: waitk (k=2, auto_segment), ")
-    assert line.endswith(f"s, 2 sentence(s), {len(WORDS)} word(s) in, {len(words)} out; "
-                         "ended by the client (end_stream)")
+    lags = [w["lag_ms"] for w in words]
+    assert line.endswith(f"s, 2 sentence(s), {len(WORDS)} word(s) in, {len(words)} out (lag mean "
+                         f"{sum(lags) / len(lags):.0f} ms, max {max(lags):.0f} ms); ended by the client (end_stream)")
 
     async def leave_mid_sentence():   # the client goes away without end_stream
         async with connect(server.url, **auth) as ws:
