@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from clients.asr_input import AsrInputError, Stabilizer, stable_lines
 from clients.caption_feed import CaptionFeed, CaptionServer, parse_address
-from clients.subtitles import LiveWebVTT
+from clients.subtitles import LiveSubtitles
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
 EXIT = {"server_full": 3, "not_ready": 3, "server_busy": 3, "unauthorized": 4, "origin_not_allowed": 4}
@@ -89,7 +89,7 @@ class Captions:
         # words: every word and sentence message as a JSON line the moment it arrives (a program reading the
         # pipe: subtitles, a chat bridge), and a "restart" line where a reconnect sends a sentence again;
         # listeners: more readers of the words as they arrive, each with word(msg) and restart(sentence):
-        # clients.subtitles.LiveWebVTT (--vtt), clients.caption_feed.CaptionFeed (--serve-captions)
+        # clients.subtitles.LiveSubtitles (--vtt, --srt), clients.caption_feed.CaptionFeed (--serve-captions)
         self.out, self.as_json, self.stats, self.words = out, as_json or words, stats, words
         self.listeners = list(listeners)
         self.live = (out.isatty() if live is None else live) and not self.as_json
@@ -450,6 +450,8 @@ def register(sub) -> None:
                    help="also write the translation as WebVTT subtitles, each word when it arrived (roll-up: "
                         "a recording of the talk played with FILE shows what the live audience saw); written as "
                         "the words come, one word behind, so a stopped stream keeps what it showed")
+    p.add_argument("--srt", metavar="FILE", help="the same subtitles as --vtt in SubRip form (.srt: video editors, "
+                                                  "burn-in tools); both may be given")
     p.add_argument("--serve-captions", metavar="[HOST:]PORT",
                    help="also show the captions to an audience: serve a full-screen caption page at "
                         "http://HOST:PORT/ (HOST 127.0.0.1 unless given; 0.0.0.0 for other machines; PORT 0 takes a "
@@ -460,7 +462,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    vtt = None
+    files: list[LiveSubtitles] = []   # --vtt, --srt
     if args.asr_json:   # (results come as they are spoken: no pace of the client's own)
         args.auto_segment = True
     if args.wpm is None:
@@ -480,19 +482,21 @@ def run(args) -> int:
             raise ClientError(f"--end-after-pause {args.end_after_pause:g}: give seconds, 0 < S <= 3600", 2)
         src = open(args.input, encoding="utf-8") if args.input else sys.stdin
         # (opened now: a path that cannot be written, or a port taken, fails before the stream, not after it)
-        vtt = LiveWebVTT(open(args.vtt, "w", encoding="utf-8")) if args.vtt else None
+        for form, path in (("vtt", args.vtt), ("srt", args.srt)):
+            if path:
+                files.append(LiveSubtitles(open(path, "w", encoding="utf-8"), form))
         feed = viewers = None
         if args.serve_captions:
             feed = CaptionFeed()
             viewers = CaptionServer(feed, *parse_address(args.serve_captions)).start()
             print(f"simulserve stream: captions for viewers at {viewers.url}", file=sys.stderr, flush=True)
     except (ClientError, OSError, ValueError) as e:
-        if vtt is not None:
-            vtt.close()
+        for f in files:
+            f.close()
         print(f"simulserve stream: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     captions = Captions(live=False if args.no_live else None, as_json=args.json, stats=not args.no_stats,
-                        words=args.words, listeners=[x for x in (vtt, feed) if x is not None])
+                        words=args.words, listeners=files + ([feed] if feed else []))
     summary = None
     asr = Stabilizer() if args.asr_json else None
     try:
@@ -512,8 +516,8 @@ def run(args) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        if vtt is not None:   # the last word's cue; the cues before it are in the file already
-            vtt.close()
+        for f in files:   # the last word's cue; the cues before it are in the file already
+            f.close()
         if viewers is not None:   # the viewers' pages say the stream has ended
             feed.end()
             viewers.close(feed)

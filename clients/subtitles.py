@@ -1,4 +1,4 @@
-"""WebVTT subtitles of a stream's translation as it was shown live (`simulserve stream --vtt FILE`).
+"""Subtitles of a stream's translation as it was shown live (`simulserve stream --vtt FILE`, `--srt FILE`).
 
 Roll-up captions, as the caption line grew: every arriving word starts a cue that shows the last two lines of
 text with that word at the end, until the next word arrives (or HOLD_S seconds, then the screen is blank). A
@@ -6,8 +6,10 @@ sentence starts a new line; a line holds at most LINE_CHARS characters. Times ar
 speaker's clock of a paced stream, or seconds since the stream opened. A recording of the talk played with the
 file shows each word when the live audience saw it.
 
-The file is written as the stream goes (`LiveWebVTT`): a word's cue is complete, and written, when the next word
-arrives, so the file is one word behind the stream and holds every cue shown so far if the client is stopped.
+The file is written as the stream goes (`LiveSubtitles`): a word's cue is complete, and written, when the next
+word arrives, so the file is one word behind the stream and holds every cue shown so far if the client is
+stopped. WebVTT (browsers' <track>, most players) and SubRip (.srt: video editors, burn-in tools) hold the
+same cues.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ HOLD_S = 5.0      # the last text stays up this long when no word follows
 Cue = tuple[float, float, str]   # start s, end s, text
 
 
-def timestamp(seconds: float) -> str:
+def timestamp(seconds: float, mark: str = ".") -> str:
+    """HH:MM:SS.mmm (WebVTT), or with mark "," HH:MM:SS,mmm (SubRip)."""
     ms = max(0, round(seconds * 1000))
-    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}{mark}{ms % 1000:03d}"
 
 
 def _escape(text: str) -> str:
@@ -31,6 +34,12 @@ def _escape(text: str) -> str:
 def cue_block(cue: Cue) -> str:
     start, end, text = cue
     return f"{timestamp(start)} --> {timestamp(end)}\n{_escape(text)}\n"
+
+
+def srt_block(number: int, cue: Cue) -> str:
+    """A SubRip cue: its number from 1, times with a comma, the text as it is (SubRip has no escapes)."""
+    start, end, text = cue
+    return f"{number}\n{timestamp(start, ',')} --> {timestamp(end, ',')}\n{text}\n"
 
 
 class RollUp:
@@ -89,19 +98,31 @@ def webvtt(words: list[dict]) -> str:
     return "\n".join(["WEBVTT\n"] + [cue_block(c) for c in cues(words)])
 
 
-class LiveWebVTT:
-    """A WebVTT file written as the words arrive: each cue once complete, flushed, so a player or a
-    program reading the growing file sees it then, and nothing shown is lost if the client stops."""
+def srt(words: list[dict]) -> str:
+    return "\n".join(srt_block(n, c) for n, c in enumerate(cues(words), 1))
 
-    def __init__(self, out: TextIO) -> None:
-        self.out, self.roll = out, RollUp()
-        self.out.write("WEBVTT\n")
+
+class LiveSubtitles:
+    """A subtitle file (`form` "vtt" or "srt") written as the words arrive: each cue once complete, flushed, so
+    a player or a program reading the growing file sees it then, and nothing shown is lost if the client stops."""
+
+    def __init__(self, out: TextIO, form: str = "vtt") -> None:
+        if form not in ("vtt", "srt"):
+            raise ValueError(f"subtitles are vtt or srt, not {form!r}")
+        self.out, self.form, self.roll, self.written = out, form, RollUp(), 0
+        if form == "vtt":
+            self.out.write("WEBVTT\n")
         self.out.flush()
 
     def _write(self, cue: Cue | None) -> None:
-        if cue is not None:
+        if cue is None:
+            return
+        self.written += 1
+        if self.form == "vtt":
             self.out.write("\n" + cue_block(cue))
-            self.out.flush()
+        else:
+            self.out.write(("\n" if self.written > 1 else "") + srt_block(self.written, cue))
+        self.out.flush()
 
     def word(self, msg: dict) -> None:
         self._write(self.roll.add(msg))

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from clients.stream import Captions, ClientError, _consume, stream_lines
-from clients.subtitles import LiveWebVTT
+from clients.subtitles import LiveSubtitles
 from models.data.synthetic import make_pairs
 from test_server import LiveServer, make_reference
 from test_subtitles import parse
@@ -50,7 +50,7 @@ def test_stream_reconnects_after_the_server_restarts(trained, tmp_path):
     second = None
     notes: list[str] = []
     shown = io.StringIO()
-    vtt = LiveWebVTT(open(tmp_path / "talk.vtt", "w", encoding="utf-8"))
+    vtt = LiveSubtitles(open(tmp_path / "talk.vtt", "w", encoding="utf-8"))
 
     def restart():
         nonlocal second

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from clients.subtitles import HOLD_S, LINE_CHARS, LiveWebVTT, RollUp, cues, timestamp, webvtt
+from clients.subtitles import HOLD_S, LINE_CHARS, LiveSubtitles, RollUp, cues, srt, timestamp, webvtt
 from models.data.synthetic import make_pairs
 from test_browser import browser   # noqa: F401 - the fixture
 from test_client import KEY, ROOT, cli, reference, sentences, server   # noqa: F401 - the fixtures
@@ -79,7 +79,7 @@ def test_the_live_file_is_the_whole_file_written_one_word_behind():
     whole = webvtt(words)
     want = parse(whole)
     out = Kept()
-    live = LiveWebVTT(out)
+    live = LiveSubtitles(out)
     assert parse(out.getvalue()) == []                    # a valid file before any word
     for k, w in enumerate(words, 1):
         live.word(w)
@@ -88,6 +88,27 @@ def test_the_live_file_is_the_whole_file_written_one_word_behind():
     live.close()
     assert out.final == whole
     live.close()                                          # a second close does nothing
+    # SubRip: the same cues, numbered, the text unescaped; written live, the same file
+    out = Kept()
+    live = LiveSubtitles(out, "srt")
+    for w in words:
+        live.word(w)
+    live.close()
+    assert out.final == srt(words)
+    assert [(a, b, t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+            for a, b, t in parse_srt(out.final)] == want
+
+
+def parse_srt(text: str) -> list[tuple[float, float, str]]:
+    """The cues of a SubRip file, checking its shape: numbered blocks 1, 2, … of a timing line and text."""
+    out = []
+    for n, block in enumerate(filter(None, text.split("\n\n")), 1):
+        number, timing, body = block.split("\n", 2)
+        assert number == str(n)
+        m = CUE.match(timing.replace(",", "."))
+        assert m and timing.count(",") == 2, timing
+        out.append((seconds(*m.groups()[:4]), seconds(*m.groups()[4:]), body.rstrip("\n")))
+    return out
 
 
 def test_a_restart_starts_the_sentence_on_a_new_line_and_keeps_what_was_shown():
@@ -114,10 +135,11 @@ def test_stream_writes_the_words_as_they_arrived(server, sentences, reference, t
     and the last cue of each sentence holds its translation's last words. Paced (speaker's clock) and not."""
     lines, path = sentences
     for wpm in ("600", "0"):
-        vtt = tmp_path / f"talk{wpm}.vtt"
+        vtt, sub = tmp_path / f"talk{wpm}.vtt", tmp_path / f"talk{wpm}.srt"
         r = cli("stream", str(path), "--url", server.url, "--model", "waitk", "--k", "2", "--wpm", wpm, "--words",
-                "--vtt", str(vtt), timeout=120, SIMULSERVE_API_KEY=KEY)
+                "--vtt", str(vtt), "--srt", str(sub), timeout=120, SIMULSERVE_API_KEY=KEY)
         assert r.returncode == 0, r.stderr
+        assert parse_srt(sub.read_text(encoding="utf-8")) == parse(vtt.read_text(encoding="utf-8"))   # (no escapes)
         got = [json.loads(line) for line in r.stdout.splitlines()]
         words = [m for m in got if m["type"] == "word"]
         assert words and all(m["received_s"] >= 0 for m in words)
