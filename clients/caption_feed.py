@@ -4,7 +4,7 @@ translation to viewers' browsers.
 A talk's captions are wanted on a projector and on people's phones, not in the captioner's terminal. The client
 already receives every word, so it serves them itself: a small HTTP server (standard library, a thread per
 viewer) with a full-screen caption page at `/` and a Server-Sent Events feed at `/events`. Each event is the
-roll-up text the subtitles show (clients/subtitles.py RollUp: the last two lines), sent when a word arrives; a
+roll-up text the subtitles show (server/caption_lines.py: the last two lines), sent when a word arrives; a
 viewer who joins late gets the current text at once; the last event says the stream has ended. Viewers only
 read: nothing they send reaches the translation server, which serves this one stream as any other.
 """
@@ -17,7 +17,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from clients.subtitles import RollUp
+from server.caption_lines import CaptionLines
 
 VIEWER = Path(__file__).resolve().parent / "web" / "viewer.html"
 MAX_VIEWERS = 200          # more are refused (503): each holds a thread
@@ -30,7 +30,7 @@ class CaptionFeed:
     event loop, viewers read on their own threads."""
 
     def __init__(self) -> None:
-        self.roll = RollUp()
+        self.lines = CaptionLines()
         self.lock = threading.Lock()
         self.viewers: set[queue.Queue] = set()
         self.event = {"lines": [], "ended": False}
@@ -51,11 +51,11 @@ class CaptionFeed:
                     q.put_nowait(None)
 
     def word(self, msg: dict) -> None:
-        self.roll.add({**msg, "received_s": 0.0})
-        self._publish({"lines": self.roll.open[1].split("\n"), "ended": False})
+        self.lines.add(msg["sentence"], msg["text"])
+        self._publish({"lines": self.lines.shown(), "ended": False})
 
     def restart(self, sentence: int) -> None:
-        self.roll.restart(sentence)
+        self.lines.restart(sentence)
 
     def end(self) -> None:
         self._publish({"lines": self.event["lines"], "ended": True})

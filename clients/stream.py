@@ -58,6 +58,13 @@ class Summary:
     clock_origin: float | None = None
     opened: float | None = None
     paced: int = 0                      # source words sent at the pace so far
+    share: dict | None = None           # `share`: the feed's watch token, page path and key (a reconnect carries it on)
+
+
+def watch_url(url: str, path: str) -> str:
+    """The http(s) address of a shared stream's caption page, on the server of websocket `url`."""
+    parts = urlsplit(url)
+    return urlunsplit(({"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme), parts.netloc, path, "", ""))
 
 
 def normalize_url(url: str) -> str:
@@ -173,7 +180,7 @@ async def _open(url: str, headers: dict, ssl_ctx, open_timeout: float):
 
 async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: float = 150.0,
                        auto_segment: bool = False, segmenter: str = "punct", end_after_pause: float | None = None,
-                       api_key: str | None = None,
+                       share: bool = False, api_key: str | None = None,
                        ssl_ctx=None, captions: Captions | None = None, open_timeout: float = 10.0, reconnect: int = 3,
                        busy_wait: float = 300.0, warn=lambda text: print(text, file=sys.stderr)) -> Summary:
     """Stream `lines` (one sentence per line, or continuous text with auto_segment) and collect results.
@@ -199,7 +206,7 @@ async def stream_lines(url: str, lines, *, model=None, k=None, delta=None, wpm: 
         try:
             await _one_connection(ws, it, pending, summary, model=model, k=k, delta=delta, wpm=wpm,
                                   auto_segment=auto_segment, segmenter=segmenter, end_after_pause=end_after_pause,
-                                  captions=captions, warn=warn)
+                                  share=share, url=url, captions=captions, warn=warn)
             return summary
         except _Busy as e:
             now = time.monotonic()
@@ -251,7 +258,8 @@ def _consume(pending: list[list[str]], msg: dict, auto_segment: bool) -> None:
 
 
 async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta, wpm, auto_segment, captions,
-                          warn, segmenter: str = "punct", end_after_pause: float | None = None) -> None:
+                          warn, segmenter: str = "punct", end_after_pause: float | None = None, share: bool = False,
+                          url: str = "") -> None:
     """One websocket: send what `pending` holds, then the rest of `it`; return on `end`."""
     from websockets.exceptions import ConnectionClosed
     budget = asyncio.Condition()
@@ -301,6 +309,9 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
         if end_after_pause is not None:
             start["end_after_pause_s"] = end_after_pause
         start.update({key: v for key, v in (("model", model), ("k", k), ("delta", delta)) if v is not None})
+        if share:   # (after a reconnect: the same feed, so the viewers' page goes on)
+            start["share"] = summary.share["key"] if summary.share else True
+        state["start"] = start
         await send(start)
         await ready.wait()
         for words in list(pending):           # a reconnect: the unfinished sentences again, at once
@@ -319,6 +330,12 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
             msg = json.loads(raw)
             kind = msg.get("type")
             if kind == "ready":
+                if msg.get("share") and msg["share"] != summary.share:
+                    if summary.share:
+                        warn("simulserve stream: the server no longer had the shared captions' feed: the viewers "
+                             "need the new link")
+                    summary.share = msg["share"]
+                    warn(f"simulserve stream: viewers watch the captions at {watch_url(url, msg['share']['url'])}")
                 summary.ready = msg
                 summary.opened = summary.opened or time.monotonic()
                 summary.connections.append(msg)
@@ -347,6 +364,10 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
                 code = msg["code"]
                 if code == "server_busy":   # at `start`: nothing was sent yet; the caller waits and retries
                     raise _Busy(msg)
+                if code == "bad_setting" and not ready.is_set() and summary.share and "share key" in msg["message"]:
+                    # a restarted server lost the feed: a new one (its link is printed on `ready`)
+                    await send({**state["start"], "share": True})
+                    continue
                 summary.errors.append(msg)
                 if msg.get("fatal") or code in ("unknown_model", "bad_setting", "backlog_full",
                                                 "sentence_too_long"):
@@ -452,6 +473,9 @@ def register(sub) -> None:
                         "the words come, one word behind, so a stopped stream keeps what it showed")
     p.add_argument("--srt", metavar="FILE", help="the same subtitles as --vtt in SubRip form (.srt: video editors, "
                                                   "burn-in tools); both may be given")
+    p.add_argument("--share", action="store_true",
+                   help="show the captions to viewers through the server: it prints the caption page's address "
+                        "(http(s)://SERVER/watch/TOKEN/) to give the audience; a reconnect keeps the same feed")
     p.add_argument("--serve-captions", metavar="[HOST:]PORT",
                    help="also show the captions to an audience: serve a full-screen caption page at "
                         "http://HOST:PORT/ (HOST 127.0.0.1 unless given; 0.0.0.0 for other machines; PORT 0 takes a "
@@ -505,7 +529,7 @@ def run(args) -> int:
                 url, _asr_lines(src, asr) if asr else (line for line in src), model=args.model, k=args.k,
                 delta=args.delta, wpm=args.wpm,
                 auto_segment=args.auto_segment, segmenter=args.segmenter, end_after_pause=args.end_after_pause,
-                api_key=args.api_key,
+                share=args.share, api_key=args.api_key,
                 reconnect=args.reconnect, busy_wait=args.busy_wait,
                 ssl_ctx=ssl_context(url, args.cafile, args.insecure), captions=captions))
     except ClientError as e:

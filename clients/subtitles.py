@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TextIO
 
-LINE_CHARS = 42   # the usual width of a subtitle line
+from server.caption_lines import LINE_CHARS, CaptionLines  # noqa: F401 - LINE_CHARS: what the tests check
+
 HOLD_S = 5.0      # the last text stays up this long when no word follows
 
 Cue = tuple[float, float, str]   # start s, end s, text
@@ -48,24 +49,19 @@ class RollUp:
     Words that arrived within a millisecond (one step wrote them) share one cue: the last one's text."""
 
     def __init__(self) -> None:
-        self.lines: list[tuple[int, list[str]]] = []   # (sentence, its words on that line); one sentence a line
+        self.lines = CaptionLines()
         self.open: tuple[float, str] | None = None     # the last word's cue: start, text; its end not yet known
 
     def add(self, word: dict) -> Cue | None:
-        text, sentence = word["text"], word["sentence"]
-        if not self.lines or self.lines[-1][0] != sentence or \
-                len(" ".join(self.lines[-1][1] + [text])) > LINE_CHARS:
-            self.lines.append((sentence, [text]))
-        else:
-            self.lines[-1][1].append(text)
+        self.lines.add(word["sentence"], word["text"])
         done = self._close(word["received_s"])
-        self.open = (word["received_s"], "\n".join(" ".join(ws) for _, ws in self.lines[-2:]))
+        self.open = (word["received_s"], "\n".join(self.lines.shown()))
         return done
 
     def restart(self, sentence: int) -> None:
         """A reconnect voids the words of sentences from `sentence` on: they leave the lines (cues already
         complete stay: they were shown) and come again."""
-        self.lines = [line for line in self.lines if line[0] < sentence]
+        self.lines.restart(sentence)
 
     def finish(self) -> Cue | None:
         """The last word's cue, shown HOLD_S seconds."""

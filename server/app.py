@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
 
 from models.decoding import DecodingOptions
@@ -32,6 +32,7 @@ from models.sentence_cutter import END, LIMITS, NO_CUTS, CutRule, OpenSentence, 
 from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, Start, Text, Words,
                              error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
+from server.share import KEEPALIVE_S, NO_FEED, LocalShares, ShareError
 from server.stream_log import StreamRecord, refused, setting
 from server.stream_log import log as stream_log
 
@@ -74,6 +75,8 @@ class ServerState:
         self.settled = asyncio.Event()      # loading finished, either way
         self.ips = IpLimits(settings.limits.max_connections_per_ip, settings.auth.max_auth_failures_per_ip,
                             settings.auth.auth_failure_window_s)
+        self.shares = LocalShares()         # shared captions (server/share.py); a front end asks the engine process
+        self.front_end: int | None = None   # which front end of `--workers N` this is (server/frontend.py)
 
     async def load(self) -> None:
         from models.checkpoint import pick_device, pick_dtype
@@ -227,13 +230,16 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
     @asynccontextmanager
     async def lifespan(app):
         loading = asyncio.create_task(srv.load())
+        expiring = asyncio.create_task(srv.shares.expire_forever())
         if wait_for_models:
             await srv.settled.wait()
             if srv.load_error:
                 raise RuntimeError(f"loading the models failed: {srv.load_error}")
         yield
-        loading.cancel()
-        await asyncio.gather(loading, return_exceptions=True)
+        srv.shares.viewers.stop()
+        for task in (loading, expiring):
+            task.cancel()
+        await asyncio.gather(loading, expiring, return_exceptions=True)
         await srv.close()
 
     app = FastAPI(title="simulserve", version="0.1.0", lifespan=lifespan,
@@ -270,6 +276,22 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
     async def stream(ws: WebSocket):
         await srv.serve(ws)
 
+    viewer = Path(__file__).resolve().parents[1] / "clients" / "web" / "viewer.html"
+
+    @app.get("/watch/{watch}/", include_in_schema=False)
+    async def watch_page(watch: str):
+        return HTMLResponse(viewer.read_text(encoding="utf-8"))   # (the page says if the feed is unknown)
+
+    @app.get("/watch/{watch}/events", summary="a shared stream's captions as Server-Sent Events (start's `share`)")
+    async def watch_events(watch: str):
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}   # (no proxy may hold events back)
+        if srv.front_end is not None:
+            headers["X-Simulserve-Front-End"] = str(srv.front_end)
+        q = await srv.shares.subscribe(watch)
+        if not isinstance(q, asyncio.Queue):
+            return JSONResponse({"error": q}, status_code=404 if q == NO_FEED else 503, headers=headers)
+        return StreamingResponse(_sse(srv, watch, q), media_type="text/event-stream", headers=headers)
+
     if extend is not None:
         extend(app, srv)
     web = Path(settings.transport.web_dir) if settings.transport.web_dir else WEB_DIR
@@ -280,6 +302,24 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
         async def index():
             return HTMLResponse(PLACEHOLDER)
     return app
+
+
+async def _sse(srv: ServerState, watch: str, q: asyncio.Queue):
+    """A viewer's events until its feed ends, it falls behind, or the server stops; comments keep it open."""
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(q.get(), KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
+            if event is None:
+                return
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+            if event["ended"]:
+                return
+    finally:
+        srv.shares.unsubscribe(watch, q)
 
 
 async def serve_stream(ws: WebSocket, srv: ServerState) -> None:
@@ -375,6 +415,7 @@ class Session:
         self.killed: str | None = None
         self.tasks: list[asyncio.Task] = []
         self.record = StreamRecord(ws.client.host if ws.client else "?", time.monotonic())   # the stream's log line
+        self.share_key: str | None = None  # start's `share`: the feed this stream's words go to (server/share.py)
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_loop())
@@ -393,6 +434,8 @@ class Session:
                 self.out.get_nowait()
             self.record.dropped = self.killed
             stream_log.info("%s", self.record.line(time.monotonic()))
+            if self.share_key is not None:   # (after `end` the feed has ended already)
+                self.srv.shares.left(self.share_key, ended=False)
         if self.killed:
             try:   # a client that does not read never takes the close frame: do not wait for it forever
                 await asyncio.wait_for(self.ws.close(ERRORS[self.killed][1]), CLOSE_WAIT_S)
@@ -431,8 +474,12 @@ class Session:
                 msg["seq"] = self.seq
                 self.seq += 1
                 self.record.wrote(msg["lag_ms"])
+                if self.share_key is not None:
+                    self.srv.shares.word(self.share_key, msg["sentence"], msg["text"])
             elif kind == "sentence":
                 self.record.sentences += 1
+                if self.share_key is not None:
+                    self.srv.shares.sentence(self.share_key, msg["sentence"])
             elif kind == "error":
                 self.queued_errors -= 1
                 self.srv.metrics.errors.labels(msg["code"]).inc()
@@ -445,6 +492,9 @@ class Session:
             await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
             if kind == "end":
                 self.record.ended = True
+                if self.share_key is not None:
+                    self.srv.shares.left(self.share_key, ended=True)
+                    self.share_key = None
                 await self.ws.close(1000)
                 return
             if kind == "error" and msg["fatal"]:
@@ -561,8 +611,18 @@ class Session:
                 raise ProtocolError("bad_setting", "this server has no sentence-boundary classifier: "
                                     f"{self.srv.boundary_error}", msg.id)
             boundary = self.srv.boundary
+        share = None
+        if msg.share is not None and msg.share is not False:
+            try:   # (a new feed for true, the feed of a share key carried on)
+                share = await self.srv.shares.open(None if msg.share is True else msg.share)
+            except ShareError as e:
+                raise ProtocolError("bad_setting", str(e), msg.id) from None
+            self.share_key = share[0]   # (from now on the session's end lets go of the feed, whatever happens)
         h, busy = await self._attach(engine, policy, msg)   # last: a stream refused for any other reason takes no share
         if busy is not None:
+            if share is not None:   # (a new feed ends; a carried one waits for the speaker's next try)
+                self.srv.shares.left(share[0], ended=msg.share is True)
+                self.share_key = None
             self.reply(busy if msg.id is None else {**busy, "id": msg.id})   # fatal: the sender closes (1013)
             return
         self.engine, self.auto, self.h = engine, msg.auto_segment, h
@@ -573,12 +633,13 @@ class Session:
                                 max_subwords=c.max_positions - 1)
         stream = uuid.uuid4().hex[:16]
         self.record.stream, self.record.model = stream, name
-        self.record.setting = setting(policy.k, policy.delta, self.auto)
+        self.record.setting = setting(policy.k, policy.delta, self.auto, share is not None)
         self.reply({
             "type": "ready", "stream": stream, "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
             "auto_segment": self.auto, "segmenter": msg.segmenter if self.auto else None,
             "end_after_pause_s": self.pause_s,
+            "share": {"watch": share[1], "url": f"/watch/{share[1]}/", "key": share[0]} if share else None,
             "limits": {"max_words_per_sentence": limits.max_words_per_sentence,
                        "max_backlog_words": limits.max_backlog_words,
                        "max_message_bytes": limits.max_message_bytes, "rate_limit": limits.rate_limit,

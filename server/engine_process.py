@@ -25,7 +25,10 @@ from server.app import ServerState, connect_refusal
 from server.engine import EndSentence, EndStream, ModelEngine, PushWords, StreamHandle
 from server.ipc import Link, accept_link
 from server.ipc_messages import (Attach, Collect, Collected, Connect, Detach, Disconnect, Events, LoopLate, Owes,
-                                 Reply, Scrape, Status, StatusRequest, ToStream)
+                                 Reply, Scrape, Shared, ShareLeft, ShareOpen, ShareSentence, ShareWord, Status,
+                                 StatusRequest, ToStream, Unwatch, Watch)
+from server import share
+from server.share import ShareError, ShareHub
 from server.metrics_merge import snapshot
 from server.protocol import error
 from server.settings import ServerSettings, engine_device, resolve_models
@@ -165,7 +168,13 @@ class EngineProcess:
         self.handlers = {Connect: self.connect, Disconnect: self.disconnect, Attach: self.attach,
                          ToStream: self.to_stream, Detach: self.detach, Owes: self.owes,
                          StatusRequest: self.status, Scrape: self.scrape, Collected: self.collected,
-                         LoopLate: self.loop_late}
+                         LoopLate: self.loop_late, ShareOpen: self.share_open, ShareWord: self.share_word,
+                         ShareSentence: self.share_sentence, ShareLeft: self.share_left, Watch: self.watch,
+                         Unwatch: self.unwatch}
+        # shared captions (server/share.py): the feeds live here (the primary), their viewers on the front ends
+        self.hub = ShareHub(self._shared)
+        self.watchers: dict[str, set[int]] = {}      # watch token -> the front ends with viewers of it
+        self.share_fronts: dict[str, int] = {}       # share key -> the front end of the stream carrying it
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -173,10 +182,12 @@ class EngineProcess:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         server = await asyncio.start_unix_server(self._serve_front_end, sock=self.listener)
         loading = asyncio.create_task(self.srv.load())
+        expiring = asyncio.create_task(self._expire_shares_forever())
         await stop.wait()
         server.close()
-        loading.cancel()
-        await asyncio.gather(loading, return_exceptions=True)
+        for task in (loading, expiring):
+            task.cancel()
+        await asyncio.gather(loading, expiring, return_exceptions=True)
         for f in list(self.fronts.values()):
             f.link.close()
         await self.srv.close()
@@ -200,6 +211,11 @@ class EngineProcess:
                 self.detach(f, Detach(stream))
             for token in list(self._scrapes):
                 self._answered(token, f.number, [])
+            for fronts in self.watchers.values():
+                fronts.discard(f.number)
+            for key, front in list(self.share_fronts.items()):   # its speakers are gone without `end`
+                if front == f.number:
+                    self.share_left(f, ShareLeft(key, ended=False))
 
     # ---- connections: the same checks, in the same order, as server/app.py serve_stream and _serve_counted
     def connect(self, f: FrontEnd, m: Connect) -> None:
@@ -275,6 +291,52 @@ class EngineProcess:
         for eng in self.srv.engines.values():
             for late in m.seconds:
                 eng.admission.loop_lag(late)
+
+    # ---- shared captions (the primary engine process only)
+    def share_open(self, f: FrontEnd, m: ShareOpen) -> None:
+        try:
+            key, watch = self.hub.open(m.key)
+        except ShareError as e:
+            return f.link.send(Reply(m.req, str(e)))
+        self.share_fronts[key] = f.number
+        f.link.send(Reply(m.req, (key, watch)))
+
+    def share_word(self, f: FrontEnd, m: ShareWord) -> None:
+        self.hub.word(m.key, m.sentence, m.text)
+
+    def share_sentence(self, f: FrontEnd, m: ShareSentence) -> None:
+        self.hub.sentence(m.key, m.sentence)
+
+    def share_left(self, f: FrontEnd, m: ShareLeft) -> None:
+        self.share_fronts.pop(m.key, None)
+        self.hub.left(m.key, m.ended)
+
+    def watch(self, f: FrontEnd, m: Watch) -> None:
+        last = self.hub.last(m.watch)
+        if last is not None:
+            self.watchers.setdefault(m.watch, set()).add(f.number)
+        f.link.send(Reply(m.req, last))
+
+    def unwatch(self, f: FrontEnd, m: Unwatch) -> None:
+        fronts = self.watchers.get(m.watch)
+        if fronts is not None:
+            fronts.discard(f.number)
+            if not fronts:
+                del self.watchers[m.watch]
+
+    def _shared(self, watch: str, event: dict) -> None:
+        """A feed's event to every front end with viewers of it (the hub's emit)."""
+        for number in self.watchers.get(watch, ()):
+            front = self.fronts.get(number)
+            if front is not None:
+                front.link.send(Shared(watch, event))
+        if event["ended"]:
+            self.watchers.pop(watch, None)
+
+    async def _expire_shares_forever(self) -> None:
+        while True:
+            await asyncio.sleep(share.EXPIRE_EVERY_S)
+            self.hub.expire()
 
     # ---- probes
     def status(self, f: FrontEnd, m: StatusRequest) -> None:

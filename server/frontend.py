@@ -33,10 +33,11 @@ from server.app import LOOP_PROBE_S, REFRESH_EVERY, ServerState, Session, _subpr
 from server.engine import EndSentence, EndStream, ModelEngine, PushWords
 from server.ipc import Link, LinkClosed, open_link
 from server.ipc_messages import (Attach, Collect, Collected, Connect, Detach, Disconnect, Events, LoopLate, Owes,
-                                 Scrape, StatusRequest, ToStream)
+                                 Scrape, Shared, StatusRequest, ToStream)
 from server.metrics_merge import Merged, snapshot
 from server.protocol import error
 from server.settings import ServerSettings, resolve_models
+from server.share import RemoteShares
 
 log = logging.getLogger("simulserve.frontend")
 
@@ -149,6 +150,8 @@ class FrontEndState(ServerState):
         self.streams: dict[int, tuple[RemoteSession, RemoteHandle]] = {}
         self.stream_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
+        self.shares = RemoteShares(self)       # shared captions: the feeds are the primary engine process's
+        self.front_end = worker
 
     async def load(self) -> None:
         try:
@@ -200,6 +203,8 @@ class FrontEndState(ServerState):
     def _on_message(self, m) -> None:
         if type(m) is Events:
             self._deliver(m.items)
+        elif type(m) is Shared:
+            self.shares.shared(m.watch, m.event)
         elif type(m) is Collect:
             self.link.send(Collected(m.token, snapshot(self.metrics.registry)))
 

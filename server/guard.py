@@ -149,12 +149,17 @@ def _refusal(status: int, reason: str) -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
-def make_http_protocol(settings, refused: Callable[[str], None]):
-    """uvicorn's httptools protocol with a bounded, timed request head."""
+def make_http_protocol(settings, refused: Callable[[str], None], stopping: Callable[[], None] = lambda: None):
+    """uvicorn's httptools protocol with a bounded, timed request head. `stopping()` is called when the server
+    stops (SIGTERM), before it waits for open responses: the shared captions' viewers (endless responses) end."""
     limits = settings.limits
     max_bytes, max_headers, timeout = limits.max_header_bytes, limits.max_headers, limits.request_head_timeout_s
 
     class GuardedHttpProtocol(HttpToolsProtocol):
+        def shutdown(self) -> None:
+            stopping()
+            super().shutdown()
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._refused: str | None = None
@@ -302,6 +307,7 @@ def uvicorn_config(app, settings, **kw) -> uvicorn.Config:
     install_log_redaction()
     if settings.transport.forwarded_allow_ips is not None:
         kw.setdefault("forwarded_allow_ips", settings.transport.forwarded_allow_ips)
-    return uvicorn.Config(app, http=make_http_protocol(settings, refused), ws=make_ws_protocol(settings, refused),
+    return uvicorn.Config(app, http=make_http_protocol(settings, refused, srv.shares.viewers.stop),
+                          ws=make_ws_protocol(settings, refused),
                           ws_max_size=4 * settings.limits.max_message_bytes + 1024,
                           ws_per_message_deflate=settings.transport.ws_compression, **kw)

@@ -12,11 +12,15 @@ A front end asks (`req` numbers a request; the engine process answers with `Repl
     Owes        at the idle timeout: does the engine still owe this stream words? value: bool
     Status      for /health and /v1/models; value: `Status`
     Scrape      for /metrics; value: every process's samples (server/metrics_merge.py)
+    ShareOpen   at `start` with `share` (primary only): value (share key, watch token) or the refusal's text
+    Watch       a viewer's first on this front end wants a feed (primary only): value its latest event or None
 and tells (no answer): `ToStream` (a stream's `PushWords`, `EndSentence`, `EndStream`, server/engine.py),
-`Detach`, `Disconnect`, `LoopLate` (its event loop's lateness, which adds to every word's delay), `Collected`.
+`Detach`, `Disconnect`, `LoopLate` (its event loop's lateness, which adds to every word's delay), `Collected`,
+and for shared captions (server/share.py, primary only) `ShareWord`, `ShareSentence`, `ShareLeft`, `Unwatch`.
 
 The engine process sends `Events` (for each stream of that front end that a job touched: its events, the
-words of its source read so far), `Collect` (a scrape wants this front end's samples) and the replies.
+words of its source read so far), `Collect` (a scrape wants this front end's samples), `Shared` (an event of a
+feed this front end's viewers watch) and the replies.
 """
 from __future__ import annotations
 
@@ -93,6 +97,42 @@ class LoopLate:
     seconds: tuple[float, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class ShareOpen:
+    req: int
+    key: str | None       # None: a new feed
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareWord:
+    key: str
+    sentence: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareSentence:
+    key: str
+    sentence: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareLeft:
+    key: str
+    ended: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Watch:
+    req: int
+    watch: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Unwatch:
+    watch: str
+
+
 # ---------------------------------------------------------------- engine process -> front end
 @dataclasses.dataclass(frozen=True)
 class Reply:
@@ -117,3 +157,9 @@ class Status:
     active: int
     headroom: dict[str, Any]               # model -> server.admission.Headroom
     info: dict[str, dict] | None           # model -> ModelEngine.info(), if asked
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    watch: str
+    event: dict

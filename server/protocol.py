@@ -47,6 +47,9 @@ class Start(_Msg):
         None, gt=0, le=MAX_PAUSE_S,
         description="end the open sentence when no message has come for this many seconds (a speaker's pause): "
                     "its last words are translated then, not when the next sentence's words end it")
+    share: StrictBool | StrictStr | None = Field(
+        None, description="true: show this stream's captions to viewers (`ready` gives the watch link and a "
+                          "share key); the share key of a feed whose stream went away without `end`: carry it on")
     id: MessageId = None
 
 
@@ -90,6 +93,12 @@ class Limits(_Msg):
     idle_timeout_s: float
 
 
+class Share(BaseModel):
+    watch: str = Field(description="the viewers' token: GET /watch/TOKEN/ is their caption page")
+    url: str = Field(description="the caption page's path on this server, /watch/TOKEN/")
+    key: str = Field(description="for the speaker only: `start` with `share` set to it carries the feed on")
+
+
 class Ready(_Msg):
     """The stream is open (answer to `start`)."""
     type: Literal["ready"]
@@ -103,6 +112,7 @@ class Ready(_Msg):
     auto_segment: bool
     segmenter: Literal["punct", "boundary"] | None = Field(None, description="how auto_segment finds sentence ends")
     end_after_pause_s: float | None = Field(None, description="the pause that ends the open sentence (start's)")
+    share: Share | None = Field(None, description="start's `share`: where viewers watch, and the key to carry on")
     limits: Limits
     server: str | None = Field(None, description="the replica serving this stream (behind Ray Serve)")
 

@@ -63,9 +63,9 @@ class StreamRecord:
                 f"{self.words_in} word(s) in, {self.words_out} out{lag}; {self.outcome()}")
 
 
-def setting(k, delta, auto_segment: bool) -> str:
+def setting(k, delta, auto_segment: bool, shared: bool = False) -> str:
     parts = ([f"k={k:g}"] if k is not None else []) + ([f"delta={delta:g}"] if delta is not None else [])
-    return ", ".join(parts + (["auto_segment"] if auto_segment else []))
+    return ", ".join(parts + (["auto_segment"] if auto_segment else []) + (["shared"] if shared else []))
 
 
 def refused(ip: str, code: str) -> None:

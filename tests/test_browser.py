@@ -283,6 +283,34 @@ def as_words(arrivals: list[dict]) -> list[dict]:
     return [a if "restart" in a else {**a, "received_s": a["ms"] / 1000} for a in arrivals]
 
 
+def test_a_pane_shares_its_captions_with_viewers(page, server, browser):
+    """The pane's "share" box: the stream is shared, the viewers' link shown; a viewer page on it follows the
+    pane's captions, and keeps following when the pane opens a new stream (Reconnect) on the same feed."""
+    open_page(page, server)
+    page.check("#pane-a .share")
+    page.wait_for_selector("#pane-a .share-link:not(.hidden)")
+    link = page.get_attribute("#pane-a .share-link a", "href")
+    assert link.startswith(server.url + "/watch/") and link.endswith("/")
+    viewer = browser.new_page()
+    try:
+        viewer.goto(link)
+        viewer.wait_for_function("document.querySelector('#status').dataset.state === 'live'")
+        say(page, "haus baum licht")
+        first = wait_done(page, "a", 0).locator(".translation").inner_text()
+        viewer.wait_for_function(f"document.querySelector('#captions').innerText.includes({json.dumps(first)})")
+        page.click("#pane-a .reconnect")                 # a new stream, the same feed
+        page.wait_for_selector("#pane-a .status[data-state=ready]")
+        assert page.get_attribute("#pane-a .share-link a", "href") == link
+        say(page, "wald stein")
+        second = wait_done(page, "a", 1).locator(".translation").inner_text()
+        viewer.wait_for_function(f"document.querySelector('#captions').innerText.includes({json.dumps(second)})")
+        lines = [t.strip() for t in viewer.locator("#captions .line").all_inner_texts()]
+        assert lines == [first, second]
+        assert sent_by(page, "gma")["ready"][0]["share"]["url"] == link[len(server.url):]
+    finally:
+        viewer.close()
+
+
 @pytest.fixture(scope="module")
 def busy_server(trained, tmp_path_factory):
     """A delay budget no stream meets: admission by headroom keeps one stream at a time (in one engine process:

@@ -63,7 +63,7 @@ def test_stream_reconnects_after_the_server_restarts(trained, tmp_path):
     try:
         # reconnect=6: the second server may take seconds to load its models on a loaded CI machine, and
         # the default 3 tries (0.5 + 1 + 2 s of back-off) are about a user's patience, not this test's
-        summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, reconnect=6,
+        summary = asyncio.run(stream_lines(first.url, lines, model="waitk", k=2, wpm=600, reconnect=6, share=True,
                                            warn=notes.append,
                                            captions=Captions(out=shown, live=False, words=True, listeners=[vtt])))
     finally:
@@ -74,6 +74,10 @@ def test_stream_reconnects_after_the_server_restarts(trained, tmp_path):
                 srv.__exit__(None, None, None)
     reconnects = [n for n in notes if "reconnecting" in n]
     assert len(reconnects) == 1 and "code 1012" in reconnects[0], notes
+    # shared captions: the restarted server has no feed for the key, so the client opened a new one and said so
+    links = [n for n in notes if "viewers watch the captions at" in n]
+    assert len(links) == 2 and links[0] != links[1] and any("need the new link" in n for n in notes), notes
+    assert summary.share["url"] in links[1] and summary.connections[-1]["share"] == summary.share
     assert 0 < len(summary.sentences) and [s["sentence"] for s in summary.sentences] == list(range(len(lines)))
     assert [s["translation"] for s in summary.sentences] == \
         [reference("waitk", {"k": 2}, line).prediction for line in lines]

@@ -309,6 +309,7 @@ def test_a_process_that_dies_stops_the_server(trained, victim, engines):
 
 
 def test_sigterm_closes_open_streams_and_stops_cleanly(trained):
+    from test_share import Viewer
     srv = WorkersServer(models={"waitk": str(trained["waitk"])}, log_level="info")
     with srv:
         done, _ = asyncio.run(talk(srv.url, [START, {"type": "words", "words": ["haus", "baum"]},
@@ -316,9 +317,10 @@ def test_sigterm_closes_open_streams_and_stops_cleanly(trained):
 
         async def main():
             ws = await connect(srv.url)
-            await ws.send(json.dumps(START))
+            await ws.send(json.dumps({**START, "share": True}))
             ready = json.loads(await ws.recv())
             assert ready["type"] == "ready"
+            viewers.append(Viewer(srv.http, ready["share"]["watch"]).started())   # (its response never ends)
             srv.proc.send_signal(signal.SIGTERM)
             try:
                 async with asyncio.timeout(20):
@@ -328,9 +330,12 @@ def test_sigterm_closes_open_streams_and_stops_cleanly(trained):
                 pass
             return ws.close_code, ready["stream"]
 
+        viewers = []
         code, stream = asyncio.run(main())
         assert code == 1012          # uvicorn's "service restart"
         assert srv.proc.wait(30) == 0
+        viewers[0].join(5)
+        assert viewers[0].status == 200 and not viewers[0].is_alive()
         output = srv.output()
     assert not any(alive(p) for p in srv.pids())
     # each front end logs its streams (server/stream_log.py): the finished one, and the one the stop closed

@@ -124,8 +124,10 @@
       for (const [name, sel] of Object.entries({
         select: ".model", knobBox: ".knob", knobName: ".knob-name", knob: ".knob-value", status: ".status",
         reconnectBtn: ".reconnect", alert: ".alert", liveSrc: ".live-src", caption: ".caption",
-        summary: ".summary", list: ".sentences", saveTxt: ".save-txt", saveVtt: ".save-vtt",
+        summary: ".summary", list: ".sentences", saveTxt: ".save-txt", saveVtt: ".save-vtt", shareBox: ".share",
+        shareLink: ".share-link",
       })) this[name] = $(sel, this.root);
+      this.shareKey = null;     // the shared feed's key: a new stream of this pane carries the feed on
       this.enabled = true;
       this.ws = null;
       this.ready = false;
@@ -150,6 +152,10 @@
       this.select.addEventListener("change", () => { this.configureKnob(); this.reconnect(); });
       this.knob.addEventListener("change", () => { this.clampKnob(); this.reconnect(); });
       this.reconnectBtn.addEventListener("click", () => this.reconnect());
+      this.shareBox.addEventListener("change", () => {   // (off: the old feed ends once the server's grace time is up)
+        if (!this.shareBox.checked) { this.shareKey = null; this.shareLink.classList.add("hidden"); }
+        this.reconnect();
+      });
     }
 
     get model() { return state.byName[this.select.value]; }
@@ -228,6 +234,8 @@
       const start = { type: "start", model: m.name, auto_segment: true };
       if (m.policy === "waitk") start.k = Math.round(Number(this.knob.value));
       if (m.policy === "gma") start.delta = Number(this.knob.value);
+      if (this.shareBox.checked) start.share = this.shareKey || true;
+      this.start = start;
       const label = this.label();
       this.setStatus("connecting", "connecting…");
       this.retryLeft = 0;
@@ -291,6 +299,13 @@
             this.list.prepend(el("li", "divider", `now: ${msg.model} · ${label}`));
           }
           this.streamLabel = label;
+          if (msg.share) {
+            this.shareKey = msg.share.key;
+            this.shareTries = 0;
+            const a = $("a", this.shareLink);
+            a.href = a.textContent = new URL(msg.share.url, SERVER + "/").href;
+            this.shareLink.classList.remove("hidden");
+          }
           this.setStatus("ready", `live · ${label}`);
           if (this.alert.dataset.kind === "error") this.hideAlert();
           this.sendAgain();
@@ -310,6 +325,17 @@
         return;
       }
       if (msg.rejected_words) this.unsend(msg.id);
+      if (!this.ready && this.shareKey && /share key/.test(msg.message)) {
+        const ws = this.ws;
+        if (/still open/.test(msg.message) && (this.shareTries = (this.shareTries || 0) + 1) <= 10) {
+          // this pane's previous stream is still closing on the server: carry its feed on a moment later
+          setTimeout(() => { if (ws === this.ws) ws.send(JSON.stringify(this.start)); }, 300);
+        } else {   // the server lost the feed (it restarted, or the grace time passed): a new one, a new link
+          this.shareKey = null;
+          ws.send(JSON.stringify({ ...this.start, share: true }));
+        }
+        return;
+      }
       if (!this.ready) {        // `start` was refused (bad_setting, unknown_model): fix it, then reconnect
         const ws = this.ws;
         this.ws = null;

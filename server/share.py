@@ -1,0 +1,267 @@
+"""Shared captions: a stream's live translation shown to viewers (`start` with `share`; docs/server.md#shared-captions).
+
+A talk's captions are wanted on the audience's screens. A stream opened with `"share": true` gets, in `ready`,
+a watch token (for viewers: `GET /watch/TOKEN/` is a full-screen caption page, `/watch/TOKEN/events` its
+Server-Sent Events feed) and a share key (for the speaker only: a stream started again with `"share": KEY`
+after a lost connection carries on the same feed, so the viewers' link stays the same). Viewers only read.
+
+`ShareHub` holds every feed of the server and computes what viewers see: the last two caption lines, as the
+subtitles roll up (server/caption_lines.py), one event per word, `{"lines": [...], "ended": false}`. It lives
+where every stream's words pass: in the server's one process, or with `--workers`/`--engines` in the primary engine
+process, which the front ends tell each word of a shared stream and ask for the feeds their viewers want
+(server/frontend.py). A feed ends with its stream's `end`; a speaker who goes away without it has GRACE_S
+seconds to come back with the key before the viewers are told the feed has ended.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from server.caption_lines import CaptionLines
+
+GRACE_S = 120.0            # a speaker gone without `end` may carry on the feed with its key for this long
+EXPIRE_EVERY_S = 5.0       # how often the feeds past their grace time are ended
+MAX_VIEWERS = 2000         # viewers per process serving them (each an open HTTP response)
+KEEPALIVE_S = 15.0         # an SSE comment this often keeps proxies from closing an idle feed
+VIEWER_QUEUE = 1000        # events a viewer may lag behind before it is dropped (its page reconnects)
+
+
+NO_FEED = "no such caption feed, or it has ended"
+FULL = f"this server process serves at most {MAX_VIEWERS} viewers"
+
+
+class ShareError(Exception):
+    """A `share` in `start` that cannot be served (becomes `bad_setting`)."""
+
+
+@dataclass
+class Feed:
+    watch: str
+    lines: CaptionLines = field(default_factory=CaptionLines)
+    base: int = 0              # the feed's number of the current speaker stream's sentence 0
+    finished: int = 0          # the feed's sentences finished so far (their `sentence` message came)
+    live: bool = True          # a speaker stream carries it now
+    left_at: float | None = None   # when its speaker went away without `end`
+    last: dict = field(default_factory=lambda: {"lines": [], "ended": False})
+
+
+class ShareHub:
+    """Every feed of the server. `emit(watch, event)` takes each event for the feed's viewers."""
+
+    def __init__(self, emit: Callable[[str, dict], None], grace_s: float | None = None):
+        self.emit, self.grace_s = emit, GRACE_S if grace_s is None else grace_s
+        self.feeds: dict[str, Feed] = {}       # share key -> feed
+        self.keys: dict[str, str] = {}         # watch token -> share key
+
+    def open(self, key: str | None) -> tuple[str, str]:
+        """A new feed (`key` None) or the feed of `key` carried on by a new speaker stream: (key, watch)."""
+        if key is None:
+            key, watch = secrets.token_urlsafe(18), secrets.token_urlsafe(12)
+            self.feeds[key], self.keys[watch] = Feed(watch), key
+            return key, watch
+        feed = self.feeds.get(key)
+        if feed is None:
+            raise ShareError("unknown share key, or its feed has ended (a speaker gone without `end` may come "
+                             f"back within {self.grace_s:g} s)")
+        if feed.live:
+            raise ShareError("this share key's feed is carried by a stream that is still open")
+        # the new stream sends the unfinished sentences again from their first word (as clients do after a
+        # reconnect): their words leave the lines, and its sentence 0 is the feed's first unfinished one
+        feed.lines.restart(feed.finished)
+        feed.base, feed.live, feed.left_at = feed.finished, True, None
+        self._send(feed, feed.lines.shown())
+        return key, feed.watch
+
+    def word(self, key: str, sentence: int, text: str) -> None:
+        feed = self.feeds.get(key)
+        if feed is not None:
+            feed.lines.add(feed.base + sentence, text)
+            self._send(feed, feed.lines.shown())
+
+    def sentence(self, key: str, sentence: int) -> None:
+        feed = self.feeds.get(key)
+        if feed is not None:
+            feed.finished = max(feed.finished, feed.base + sentence + 1)
+
+    def left(self, key: str, ended: bool, now: float | None = None) -> None:
+        """The speaker stream is gone: with its `end` (`ended`) the feed ends now, else after the grace time."""
+        feed = self.feeds.get(key)
+        if feed is None:
+            return
+        if ended:
+            self._end(key)
+        else:
+            feed.live, feed.left_at = False, time.monotonic() if now is None else now
+
+    def expire(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for key, feed in list(self.feeds.items()):
+            if feed.left_at is not None and now - feed.left_at >= self.grace_s:
+                self._end(key)
+
+    def last(self, watch: str) -> dict | None:
+        """The feed's latest event (what a viewer who joins now sees first), or None: no such feed."""
+        key = self.keys.get(watch)
+        return None if key is None else self.feeds[key].last
+
+    def _send(self, feed: Feed, lines: list[str], ended: bool = False) -> None:
+        feed.last = {"lines": lines, "ended": ended}
+        self.emit(feed.watch, feed.last)
+
+    def _end(self, key: str) -> None:
+        feed = self.feeds.pop(key)
+        del self.keys[feed.watch]
+        self._send(feed, feed.last["lines"], ended=True)
+
+
+class Viewers:
+    """The viewers this process serves, by watch token: a bounded queue each. `None` in a queue closes it."""
+
+    def __init__(self) -> None:
+        self.by_watch: dict[str, set[asyncio.Queue]] = {}
+        self.count = 0
+        self.stopped = False
+
+    def add(self, watch: str, first: dict) -> asyncio.Queue | None:
+        if self.stopped or self.count >= MAX_VIEWERS:
+            return None
+        q: asyncio.Queue = asyncio.Queue(VIEWER_QUEUE)
+        q.put_nowait(first)
+        self.by_watch.setdefault(watch, set()).add(q)
+        self.count += 1
+        return q
+
+    def remove(self, watch: str, q: asyncio.Queue) -> bool:
+        """Forget a viewer; True if it was the feed's last one here."""
+        qs = self.by_watch.get(watch)
+        if qs is None or q not in qs:
+            return False
+        qs.discard(q)
+        self.count -= 1
+        if not qs:
+            del self.by_watch[watch]
+            return True
+        return False
+
+    def deliver(self, watch: str, event: dict) -> None:
+        for q in list(self.by_watch.get(watch, ())):
+            try:
+                q.put_nowait(event)
+            except asyncio.QueueFull:          # a viewer that does not read: closed (its page reconnects)
+                self.remove(watch, q)
+                q.get_nowait()
+                q.put_nowait(None)
+
+    def stop(self) -> None:
+        """The server is stopping: every viewer's response ends (their pages find the feed gone)."""
+        self.stopped = True
+        for qs in self.by_watch.values():
+            for q in qs:
+                while not q.empty():
+                    q.get_nowait()
+                q.put_nowait(None)
+
+
+class LocalShares:
+    """Shared captions in one process: the hub and the viewers side by side (server/app.py ServerState)."""
+
+    def __init__(self) -> None:
+        self.viewers = Viewers()
+        self.hub = ShareHub(self.viewers.deliver)
+
+    async def open(self, key: str | None) -> tuple[str, str]:
+        return self.hub.open(key)
+
+    def word(self, key: str, sentence: int, text: str) -> None:
+        self.hub.word(key, sentence, text)
+
+    def sentence(self, key: str, sentence: int) -> None:
+        self.hub.sentence(key, sentence)
+
+    def left(self, key: str, ended: bool) -> None:
+        self.hub.left(key, ended)
+
+    async def subscribe(self, watch: str) -> asyncio.Queue | str:
+        """A viewer's queue, its first event the feed's latest; or why not (NO_FEED, FULL)."""
+        first = self.hub.last(watch)
+        if first is None:
+            return NO_FEED
+        q = self.viewers.add(watch, first)
+        return FULL if q is None else q
+
+    def unsubscribe(self, watch: str, q: asyncio.Queue) -> None:
+        self.viewers.remove(watch, q)
+
+    async def expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRE_EVERY_S)
+            self.hub.expire()
+
+
+class RemoteShares:
+    """Shared captions in a front end of `--workers`/`--engines`: the feeds live in the primary engine process
+    (its `link`), which this front end tells each word of its shared streams, and which sends it the events of
+    the feeds its viewers watch (server/frontend.py passes them to `shared`)."""
+
+    def __init__(self, state) -> None:
+        self.state = state                      # the front end's FrontEndState: its `link` is the primary's
+        self.viewers = Viewers()
+        self.latest: dict[str, dict] = {}       # watch token -> its latest event, while this front end watches it
+
+    async def open(self, key: str | None) -> tuple[str, str]:
+        from server.ipc_messages import ShareOpen
+        got = await self.state.link.call(lambda req: ShareOpen(req, key))
+        if isinstance(got, str):
+            raise ShareError(got)
+        return tuple(got)
+
+    def word(self, key: str, sentence: int, text: str) -> None:
+        from server.ipc_messages import ShareWord
+        self.state.link.send(ShareWord(key, sentence, text))
+
+    def sentence(self, key: str, sentence: int) -> None:
+        from server.ipc_messages import ShareSentence
+        self.state.link.send(ShareSentence(key, sentence))
+
+    def left(self, key: str, ended: bool) -> None:
+        from server.ipc_messages import ShareLeft
+        self.state.link.send(ShareLeft(key, ended))
+
+    async def subscribe(self, watch: str) -> asyncio.Queue | str:
+        from server.ipc_messages import Watch
+        first = self.latest.get(watch)
+        if first is None:      # this front end's first viewer of it: the primary adds it to the feed's fronts
+            first = await self.state.link.call(lambda req: Watch(req, watch))
+            if first is None:
+                return NO_FEED
+            self.latest.setdefault(watch, first)
+        q = self.viewers.add(watch, self.latest[watch])
+        if q is None:
+            self._forget_if_unwatched(watch)
+            return FULL
+        return q
+
+    def unsubscribe(self, watch: str, q: asyncio.Queue) -> None:
+        self.viewers.remove(watch, q)
+        self._forget_if_unwatched(watch)
+
+    def shared(self, watch: str, event: dict) -> None:
+        """An event of a feed this front end watches, from the primary."""
+        if watch in self.latest:
+            self.latest[watch] = event
+        self.viewers.deliver(watch, event)
+        if event["ended"]:
+            self.latest.pop(watch, None)
+        self._forget_if_unwatched(watch)
+
+    def _forget_if_unwatched(self, watch: str) -> None:
+        from server.ipc_messages import Unwatch
+        if watch in self.latest and watch not in self.viewers.by_watch:
+            del self.latest[watch]
+            self.state.link.send(Unwatch(watch))
+
+    async def expire_forever(self) -> None:
+        """(the primary engine process expires the feeds)"""

@@ -1,0 +1,238 @@
+"""Shared captions (server/share.py): a stream's captions for viewers at /watch/TOKEN/, on a real server, in one
+process and behind --workers 2 (the feed then lives in the engine process, the viewers on either front end)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from clients.subtitles import cues
+from server.share import ShareError, ShareHub
+from test_client import server   # noqa: F401 - the fixture (a server with an API key)
+from test_server import LiveServer
+
+START = {"type": "start", "model": "waitk", "k": 2, "auto_segment": True}
+
+
+def lines_of(words: list[dict]) -> list[list[str]]:
+    """What viewers should see after each word: the subtitles' roll-up (clients/subtitles.py)."""
+    return [text.split("\n") for _, _, text in cues([{**w, "received_s": i} for i, w in enumerate(words)])]
+
+
+def test_the_hub_rolls_lines_up_carries_a_feed_on_and_ends_it():
+    sent = []
+    hub = ShareHub(lambda watch, event: sent.append((watch, event)), grace_s=10)
+    key, watch = hub.open(None)
+    assert hub.last(watch) == {"lines": [], "ended": False} and hub.last("other") is None
+    words = [(0, "Good"), (0, "morning."), (1, "We"), (1, "start")]
+    for s, t in words:
+        hub.word(key, s, t)
+    hub.sentence(key, 0)
+    assert [e["lines"] for _, e in sent] == lines_of([{"sentence": s, "text": t} for s, t in words])
+    with pytest.raises(ShareError, match="still open"):
+        hub.open(key)
+    hub.left(key, ended=False, now=100.0)
+    hub.expire(now=105.0)                                # within the grace time: the feed waits
+    assert hub.open(key) == (key, watch)                 # the speaker is back: sentence 1 starts again
+    assert sent[-1][1]["lines"] == ["Good morning."]
+    hub.word(key, 0, "We")                               # (the new stream's sentence 0 is the feed's 1)
+    hub.word(key, 0, "begin")
+    hub.sentence(key, 0)
+    assert sent[-1][1] == {"lines": ["Good morning.", "We begin"], "ended": False}
+    hub.left(key, ended=False, now=200.0)
+    hub.expire(now=210.0)                                # gone for the grace time: the viewers are told
+    assert sent[-1][1] == {"lines": ["Good morning.", "We begin"], "ended": True}
+    assert hub.last(watch) is None
+    with pytest.raises(ShareError, match="unknown share key"):
+        hub.open(key)
+    other, _ = hub.open(None)
+    hub.left(other, ended=True)                          # a stream's `end` ends its feed at once
+    assert sent[-1][1]["ended"] and not hub.feeds
+
+
+class Viewer(threading.Thread):
+    """An SSE client of /watch/TOKEN/events on its own thread: its events, the response's status."""
+
+    def __init__(self, http: str, watch: str):
+        super().__init__(daemon=True)
+        self.url, self.events, self.status, self.opened = f"{http}/watch/{watch}/events", [], None, threading.Event()
+        self.front_end = None
+
+    def run(self) -> None:
+        with httpx.stream("GET", self.url, timeout=60) as r:
+            self.status, self.front_end = r.status_code, r.headers.get("x-simulserve-front-end")
+            self.opened.set()
+            if r.status_code != 200:
+                return
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(json.loads(line[6:]))
+                    if self.events[-1]["ended"]:
+                        return
+
+    def started(self) -> "Viewer":
+        self.start()
+        assert self.opened.wait(30)
+        return self
+
+
+async def speak(url: str, messages: list[dict], start: dict = START, end: bool = True):
+    """A speaker stream: start, the messages, then end_stream (or leave without it); returns ready and words."""
+    async with connect(url) as ws:
+        await ws.send(json.dumps(start))
+        ready = json.loads(await ws.recv())
+        for m in messages:
+            await ws.send(json.dumps(m))
+        words = []
+        if not end:
+            await asyncio.sleep(0.5)
+            return ready, words
+        await ws.send(json.dumps({"type": "end_stream"}))
+        async for raw in ws:
+            msg = json.loads(raw)
+            if msg["type"] == "word":
+                words.append(msg)
+        return ready, words
+
+
+def check_shared_stream(srv, viewers: int = 2, fronts: int = 1) -> list:
+    """The speaker shares; viewers watch from the start (at least `viewers`, on `fronts` front ends) and one joins
+    late; a lost connection is carried on with the key; `end` ends the feed for everyone."""
+    async def first_part():
+        async with connect(srv.url) as ws:
+            await ws.send(json.dumps({**START, "share": True}))
+            ready = json.loads(await ws.recv())
+            share = ready["share"]
+            assert share["url"] == f"/watch/{share['watch']}/" and share["key"] != share["watch"]
+            page = httpx.get(srv.http + share["url"])
+            assert page.status_code == 200 and "EventSource" in page.text
+            early = []
+            while len(early) < viewers or len({v.front_end for v in early}) < fronts:
+                early.append(Viewer(srv.http, share["watch"]).started())
+                assert len(early) < 40
+            await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
+            words = []
+            while True:   # until the first sentence is done (the fourth word's translation may come or not)
+                msg = json.loads(await ws.recv())
+                if msg["type"] == "word":
+                    words.append(msg)
+                if msg["type"] == "sentence":
+                    return share, early, words
+    share, early, before = asyncio.run(first_part())     # ...and the speaker's connection is lost
+    assert all(v.status == 200 for v in early)
+    late = Viewer(srv.http, share["watch"]).started()   # joins while the speaker is away
+    _, after = asyncio.run(speak(srv.url, [{"type": "words", "words": ["wald", "stein", "wasser."]}],
+                                 start={**START, "share": share["key"]}))
+    for v in early + [late]:
+        v.join(30)
+    seen = [e["lines"] for e in early[0].events]
+    assert all(v.events == early[0].events for v in early)
+    first = " ".join(w["text"] for w in before if w["sentence"] == 0)
+    # the roll-up of sentence 0's words, then the carried-on stream's (its sentence 0 is the feed's 1)
+    assert seen[1:len(before) + 1][:sum(w["sentence"] == 0 for w in before)] == \
+        lines_of([w for w in before if w["sentence"] == 0])
+    assert seen[-1] == [first, " ".join(w["text"] for w in after)]
+    assert early[0].events[-1]["ended"] and not any(e["ended"] for e in early[0].events[:-1])
+    assert late.events[0]["lines"][0] == first            # the current text first
+    assert late.events[-1] == early[0].events[-1]
+    gone = Viewer(srv.http, share["watch"]).started()
+    assert gone.status == 404                             # the feed has ended
+    return early
+
+
+def test_a_shared_stream_in_one_process(trained):
+    with LiveServer(models={"waitk": str(trained["waitk"])}) as srv:
+        check_shared_stream(srv)
+
+        async def refused():   # a key nobody holds, and a key whose stream is still open
+            async with connect(srv.url) as ws:
+                await ws.send(json.dumps({**START, "share": "no-such-key"}))
+                error = json.loads(await ws.recv())
+                assert error["code"] == "bad_setting" and "unknown share key" in error["message"]
+            async with connect(srv.url) as a, connect(srv.url) as b:
+                await a.send(json.dumps({**START, "share": True}))
+                key = json.loads(await a.recv())["share"]["key"]
+                await b.send(json.dumps({**START, "share": key}))
+                error = json.loads(await b.recv())
+                assert error["code"] == "bad_setting" and "still open" in error["message"]
+        asyncio.run(refused())
+        assert Viewer(srv.http, "no-such-feed").started().status == 404
+
+
+def test_a_shared_stream_behind_two_front_ends(trained):
+    """--workers 2: the feed lives in the engine process; viewers on either front end see the same events, the
+    speaker carried on from whichever front end its new connection reaches."""
+    from test_workers import WorkersServer
+    with WorkersServer(models={"waitk": str(trained["waitk"])}) as srv:
+        fronts = set()
+        for _ in range(40):   # the kernel spreads connections over the front ends: find both
+            v = Viewer(srv.http, "no-such-feed").started()
+            assert v.status == 404
+            fronts.add(v.front_end)
+            if len(fronts) == 2:
+                break
+        assert len(fronts) == 2
+        early = check_shared_stream(srv, fronts=2)
+        assert {v.front_end for v in early} == fronts
+
+
+def test_the_client_shares_and_viewers_need_no_key(tmp_path, server):  # noqa: F811
+    """`simulserve stream --share` prints the caption page's address; a viewer without the server's API key
+    follows the stream to its end, its last lines those of the words the client got."""
+    import os
+    import subprocess
+    import sys
+    from models.data.synthetic import make_pairs
+    from test_client import KEY, ROOT
+    talk = tmp_path / "talk.txt"
+    talk.write_text("\n".join(s for s, _ in make_pairs(5, min_len=3, max_len=6, seed=82)) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "stream", str(talk), "--url", server.url,
+                             "--model", "waitk", "--k", "2", "--wpm", "300", "--words", "--share"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_API_KEY": KEY},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "viewers watch the captions at http://127.0.0.1:" in line, line
+        url = line.split(" at ")[1].strip()
+        viewer = Viewer(server.http, url.rsplit("/watch/", 1)[1].strip("/")).started()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    viewer.join(30)
+    assert httpx.get(url).status_code == 200
+    words = [m for m in map(json.loads, out.splitlines()) if m["type"] == "word"]
+    assert viewer.events[-1] == {"lines": lines_of(words)[-1], "ended": True}
+
+
+def test_a_speaker_gone_for_the_grace_time_ends_the_feed(trained, monkeypatch):
+    import server.share as share
+    monkeypatch.setattr(share, "GRACE_S", 0.5)
+    monkeypatch.setattr(share, "EXPIRE_EVERY_S", 0.1)
+    with LiveServer(models={"waitk": str(trained["waitk"])}) as srv:
+        ready, _ = asyncio.run(speak(srv.url, [{"type": "words", "words": ["haus", "baum"]}],
+                                     start={**START, "share": True}, end=False))   # gone without `end`
+        viewer = Viewer(srv.http, ready["share"]["watch"]).started()
+        viewer.join(10)
+        assert viewer.events[-1]["ended"] and not viewer.is_alive()
+
+
+def test_a_stopping_server_ends_its_viewers_responses(trained):
+    """A viewer's response never ends by itself while its feed lives: the server must end it when it stops,
+    not wait for it."""
+    import time
+    srv = LiveServer(models={"waitk": str(trained["waitk"])}).__enter__()
+    try:
+        ready, _ = asyncio.run(speak(srv.url, [], start={**START, "share": True}, end=False))   # (120 s of grace)
+        viewer = Viewer(srv.http, ready["share"]["watch"]).started()
+        assert viewer.status == 200
+        t = time.monotonic()
+        srv.__exit__(None, None, None)
+        viewer.join(10)
+        assert not viewer.is_alive() and not srv.thread.is_alive() and time.monotonic() - t < 8
+    finally:
+        srv.__exit__(None, None, None)
