@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import ssl
 import sys
 import time
@@ -485,8 +486,15 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run(args) -> int:
     files: list[LiveSubtitles] = []   # --vtt, --srt
+    # SIGTERM (kill, a service manager) ends the stream as Ctrl-C does: the subtitle files get their last cue and
+    # the viewers of --serve-captions are told the stream has ended
+    signal.signal(signal.SIGTERM, _terminated)
     if args.asr_json:   # (results come as they are spoken: no pace of the client's own)
         args.auto_segment = True
     if args.wpm is None:

@@ -156,16 +156,20 @@ def test_stream_writes_the_words_as_they_arrived(server, sentences, reference, t
             assert reference("waitk", {"k": 2}, line).prediction.endswith(final.split("\n")[-1])
 
 
-def test_the_file_grows_during_the_stream_and_survives_ctrl_c(server, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_the_file_grows_during_the_stream_and_survives_ctrl_c(server, tmp_path, stop, code):  # noqa: F811
     """A real client and server: the file holds cues while the stream still runs, and a client stopped with
-    SIGINT (Ctrl-C) leaves a valid file with a cue for every word it had received (the last one held HOLD_S)."""
+    SIGINT (Ctrl-C) or SIGTERM leaves a valid file with a cue for every word it had received (the last one held
+    HOLD_S)."""
     talk = tmp_path / "long.txt"
     talk.write_text("\n".join(s for s, _ in make_pairs(40, min_len=4, max_len=8, seed=61)) + "\n")
     vtt = tmp_path / "live.vtt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SIMULSERVE_API_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "stream", str(talk), "--url", server.url,
                              "--model", "waitk", "--k", "2", "--wpm", "240", "--words", "--vtt", str(vtt)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # (a shell's background job ignores SIGINT, and its children inherit that)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (not vtt.exists() or len(parse(vtt.read_text())) < 3):
@@ -173,11 +177,11 @@ def test_the_file_grows_during_the_stream_and_survives_ctrl_c(server, tmp_path):
             time.sleep(0.1)
         during = parse(vtt.read_text())
         assert len(during) >= 3 and proc.poll() is None    # cues in the file while the stream runs
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     words = [m for m in map(json.loads, out.splitlines()) if m["type"] == "word"]
     final = parse(vtt.read_text())
     assert final[:len(during)] == during and len(final) > len(during)
