@@ -75,7 +75,7 @@ class ServerState:
         self.settled = asyncio.Event()      # loading finished, either way
         self.ips = IpLimits(settings.limits.max_connections_per_ip, settings.auth.max_auth_failures_per_ip,
                             settings.auth.auth_failure_window_s)
-        self.shares = LocalShares()         # shared captions (server/share.py); a front end asks the engine process
+        self.shares = LocalShares(self.metrics)   # shared captions (server/share.py); a front end asks the engine
         self.front_end: int | None = None   # which front end of `--workers N` this is (server/frontend.py)
 
     async def load(self) -> None:

@@ -69,6 +69,10 @@ class Metrics:
                                      "boundary (the classifier), words and positions (the limits); end (the "
                                      "client's end_sentence or end_stream), pause (end_after_pause_s), idle (the "
                                      "idle timeout's flush)", ["cause"], registry=r)
+        self.viewers = Gauge("simulserve_viewers", "open viewer responses of shared captions (/watch/TOKEN/events)",
+                             registry=r)
+        self.shared_feeds = Gauge("simulserve_shared_feeds", "shared caption feeds, live or waiting for their "
+                                  "speaker (start's share)", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -51,8 +51,8 @@ class Feed:
 class ShareHub:
     """Every feed of the server. `emit(watch, event)` takes each event for the feed's viewers."""
 
-    def __init__(self, emit: Callable[[str, dict], None], grace_s: float | None = None):
-        self.emit, self.grace_s = emit, GRACE_S if grace_s is None else grace_s
+    def __init__(self, emit: Callable[[str, dict], None], grace_s: float | None = None, gauge=None):
+        self.emit, self.grace_s, self.gauge = emit, GRACE_S if grace_s is None else grace_s, gauge
         self.feeds: dict[str, Feed] = {}       # share key -> feed
         self.keys: dict[str, str] = {}         # watch token -> share key
 
@@ -61,6 +61,7 @@ class ShareHub:
         if key is None:
             key, watch = secrets.token_urlsafe(18), secrets.token_urlsafe(12)
             self.feeds[key], self.keys[watch] = Feed(watch), key
+            self._count()
             return key, watch
         feed = self.feeds.get(key)
         if feed is None:
@@ -114,16 +115,27 @@ class ShareHub:
     def _end(self, key: str) -> None:
         feed = self.feeds.pop(key)
         del self.keys[feed.watch]
+        self._count()
         self._send(feed, feed.last["lines"], ended=True)
+
+    def _count(self) -> None:
+        if self.gauge is not None:
+            self.gauge.set(len(self.feeds))
 
 
 class Viewers:
     """The viewers this process serves, by watch token: a bounded queue each. `None` in a queue closes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, gauge=None) -> None:
         self.by_watch: dict[str, set[asyncio.Queue]] = {}
         self.count = 0
         self.stopped = False
+        self.gauge = gauge                   # simulserve_viewers
+
+    def _counted(self, change: int) -> None:
+        self.count += change
+        if self.gauge is not None:
+            self.gauge.set(self.count)
 
     def add(self, watch: str, first: dict) -> asyncio.Queue | None:
         if self.stopped or self.count >= MAX_VIEWERS:
@@ -131,7 +143,7 @@ class Viewers:
         q: asyncio.Queue = asyncio.Queue(VIEWER_QUEUE)
         q.put_nowait(first)
         self.by_watch.setdefault(watch, set()).add(q)
-        self.count += 1
+        self._counted(1)
         return q
 
     def remove(self, watch: str, q: asyncio.Queue) -> bool:
@@ -140,7 +152,7 @@ class Viewers:
         if qs is None or q not in qs:
             return False
         qs.discard(q)
-        self.count -= 1
+        self._counted(-1)
         if not qs:
             del self.by_watch[watch]
             return True
@@ -168,9 +180,9 @@ class Viewers:
 class LocalShares:
     """Shared captions in one process: the hub and the viewers side by side (server/app.py ServerState)."""
 
-    def __init__(self) -> None:
-        self.viewers = Viewers()
-        self.hub = ShareHub(self.viewers.deliver)
+    def __init__(self, metrics=None) -> None:
+        self.viewers = Viewers(metrics and metrics.viewers)
+        self.hub = ShareHub(self.viewers.deliver, gauge=metrics and metrics.shared_feeds)
 
     async def open(self, key: str | None) -> tuple[str, str]:
         return self.hub.open(key)
@@ -208,7 +220,7 @@ class RemoteShares:
 
     def __init__(self, state) -> None:
         self.state = state                      # the front end's FrontEndState: its `link` is the primary's
-        self.viewers = Viewers()
+        self.viewers = Viewers(state.metrics.viewers)
         self.latest: dict[str, dict] = {}       # watch token -> its latest event, while this front end watches it
 
     async def open(self, key: str | None) -> tuple[str, str]:

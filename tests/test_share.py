@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -114,6 +115,7 @@ def check_shared_stream(srv, viewers: int = 2, fronts: int = 1) -> list:
             while len(early) < viewers or len({v.front_end for v in early}) < fronts:
                 early.append(Viewer(srv.http, share["watch"]).started())
                 assert len(early) < 40
+            assert srv.metric("simulserve_viewers") == len(early) and srv.metric("simulserve_shared_feeds") == 1
             await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
             words = []
             while True:   # until the first sentence is done (the fourth word's translation may come or not)
@@ -141,6 +143,12 @@ def check_shared_stream(srv, viewers: int = 2, fronts: int = 1) -> list:
     assert late.events[-1] == early[0].events[-1]
     gone = Viewer(srv.http, share["watch"]).started()
     assert gone.status == 404                             # the feed has ended
+    assert srv.metric("simulserve_shared_feeds") == 0
+    for _ in range(100):   # (each viewer's response is let go of just after its last event)
+        if srv.metric("simulserve_viewers") == 0:
+            break
+        time.sleep(0.05)
+    assert srv.metric("simulserve_viewers") == 0
     return early
 
 
