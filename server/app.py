@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
 
 from models.decoding import DecodingOptions
@@ -281,6 +281,10 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
     @app.get("/watch/{watch}/", include_in_schema=False)
     async def watch_page(watch: str):
         return HTMLResponse(viewer.read_text(encoding="utf-8"))   # (the page says if the feed is unknown)
+
+    @app.get("/watch/{watch}", include_in_schema=False)
+    async def watch_page_unslashed(watch: str):   # (a link that lost its slash: the page's feed is relative)
+        return RedirectResponse(f"/watch/{watch}/", status_code=308)
 
     @app.get("/watch/{watch}/events", summary="a shared stream's captions as Server-Sent Events (start's `share`)")
     async def watch_events(watch: str):

@@ -111,6 +111,8 @@ def check_shared_stream(srv, viewers: int = 2, fronts: int = 1) -> list:
             assert share["url"] == f"/watch/{share['watch']}/" and share["key"] != share["watch"]
             page = httpx.get(srv.http + share["url"])
             assert page.status_code == 200 and "EventSource" in page.text
+            unslashed = httpx.get(srv.http + share["url"].rstrip("/"), follow_redirects=True)   # a link cut short
+            assert unslashed.status_code == 200 and str(unslashed.url) == srv.http + share["url"]
             early = []
             while len(early) < viewers or len({v.front_end for v in early}) < fronts:
                 early.append(Viewer(srv.http, share["watch"]).started())
