@@ -182,6 +182,26 @@ def test_sigterm_saves_state_and_checkpoint_then_resumes(word_tok, tmp_path):
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == saved + 2
 
 
+SIGNAL_IN_A_FRESH_PROCESS = """
+import os, signal, sys
+from models.training.train import _StopOnSignal
+stop = _StopOnSignal()
+imported = []
+sys.addaudithook(lambda event, args: event == "import" and imported.append(args[0]))
+os.kill(os.getpid(), signal.SIGTERM)
+print(stop.signal, imported)
+"""
+
+
+def test_the_stop_signal_handler_imports_nothing():
+    # A handler can run in the middle of an import; one that imports (tqdm.write's first lock did) broke the
+    # training's start with a KeyError inside importlib when SIGTERM came at that moment
+    r = cli("-c", SIGNAL_IN_A_FRESH_PROCESS)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["SIGTERM", "[]"]
+    assert "SIGTERM: saving after this update" in r.stderr
+
+
 @pytest.mark.parametrize("text,message", [
     ("output: x\nmodel: {}\nlearning_rate: 1\n", "unknown training config keys ['learning_rate']"),
     ("model: {}\nlr: 0.001\n", "missing training config keys ['output']"),

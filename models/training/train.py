@@ -662,7 +662,12 @@ class _StopOnSignal:
         if self.signal:  # a second signal: stop at once
             raise KeyboardInterrupt
         self.signal = signal.Signals(signum).name
-        tqdm.write(f"{self.signal}: saving after this update (send again to stop at once)")
+        # os.write, not tqdm.write: a handler runs between any two bytecodes, also in the middle of an import, and
+        # tqdm's first lock imports a module (Python 3.11's importlib then fails with a KeyError)
+        try:
+            os.write(2, f"\n{self.signal}: saving after this update (send again to stop at once)\n".encode())
+        except OSError:
+            pass
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
