@@ -75,7 +75,8 @@ class ServerState:
         self.settled = asyncio.Event()      # loading finished, either way
         self.ips = IpLimits(settings.limits.max_connections_per_ip, settings.auth.max_auth_failures_per_ip,
                             settings.auth.auth_failure_window_s)
-        self.shares = LocalShares(self.metrics)   # shared captions (server/share.py); a front end asks the engine
+        # shared captions (server/share.py); a front end of --workers asks the engine process instead
+        self.shares = LocalShares(settings.limits, self.metrics)
         self.front_end: int | None = None   # which front end of `--workers N` this is (server/frontend.py)
 
     async def load(self) -> None:

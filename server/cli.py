@@ -54,6 +54,11 @@ FLAGS = {
     "--admission-retry-max-s": ("admission_retry_max_s", {"type": float, "help": "the longest retry_after a "
                                                                                  "refused client is told to wait "
                                                                                  "(default 30)"}),
+    "--max-viewers": ("max_viewers", {"type": int, "help": "viewers of shared captions per serving process "
+                                                           "(default 2000; 0: no sharing)"}),
+    "--share-grace-s": ("share_grace_s", {"type": float, "help": "how long a shared stream's speaker gone "
+                                                                 "without `end` may carry the feed on (default "
+                                                                 "120)"}),
     "--max-message-bytes": ("max_message_bytes", {"type": int}),
     "--max-words-per-sentence": ("max_words_per_sentence", {"type": int}),
     "--max-backlog-words": ("max_backlog_words", {"type": int}),

@@ -172,7 +172,7 @@ class EngineProcess:
                          ShareSentence: self.share_sentence, ShareLeft: self.share_left, Watch: self.watch,
                          Unwatch: self.unwatch}
         # shared captions (server/share.py): the feeds live here (the primary), their viewers on the front ends
-        self.hub = ShareHub(self._shared, gauge=self.srv.metrics.shared_feeds)
+        self.hub = ShareHub(self._shared, settings.limits.share_grace_s, gauge=self.srv.metrics.shared_feeds)
         self.watchers: dict[str, set[int]] = {}      # watch token -> the front ends with viewers of it
         self.share_fronts: dict[str, int] = {}       # share key -> the front end of the stream carrying it
 

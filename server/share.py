@@ -9,8 +9,9 @@ after a lost connection carries on the same feed, so the viewers' link stays the
 subtitles roll up (server/caption_lines.py), one event per word, `{"lines": [...], "ended": false}`. It lives
 where every stream's words pass: in the server's one process, or with `--workers`/`--engines` in the primary engine
 process, which the front ends tell each word of a shared stream and ask for the feeds their viewers want
-(server/frontend.py). A feed ends with its stream's `end`; a speaker who goes away without it has GRACE_S
-seconds to come back with the key before the viewers are told the feed has ended.
+(server/frontend.py). A feed ends with its stream's `end`; a speaker who goes away without it has
+`share_grace_s` seconds to come back with the key before the viewers are told the feed has ended. The limits
+are settings (server/settings.py: `max_viewers`, 0 turns sharing off; `share_grace_s`).
 """
 from __future__ import annotations
 
@@ -21,16 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.caption_lines import CaptionLines
+from server.ipc_messages import ShareLeft, ShareOpen, ShareSentence, ShareWord, Unwatch, Watch
 
-GRACE_S = 120.0            # a speaker gone without `end` may carry on the feed with its key for this long
 EXPIRE_EVERY_S = 5.0       # how often the feeds past their grace time are ended
-MAX_VIEWERS = 2000         # viewers per process serving them (each an open HTTP response)
 KEEPALIVE_S = 15.0         # an SSE comment this often keeps proxies from closing an idle feed
 VIEWER_QUEUE = 1000        # events a viewer may lag behind before it is dropped (its page reconnects)
 
 
 NO_FEED = "no such caption feed, or it has ended"
-FULL = f"this server process serves at most {MAX_VIEWERS} viewers"
+NO_SHARING = "this server does not share captions (its max_viewers is 0)"
 
 
 class ShareError(Exception):
@@ -51,8 +51,8 @@ class Feed:
 class ShareHub:
     """Every feed of the server. `emit(watch, event)` takes each event for the feed's viewers."""
 
-    def __init__(self, emit: Callable[[str, dict], None], grace_s: float | None = None, gauge=None):
-        self.emit, self.grace_s, self.gauge = emit, GRACE_S if grace_s is None else grace_s, gauge
+    def __init__(self, emit: Callable[[str, dict], None], grace_s: float, gauge=None):
+        self.emit, self.grace_s, self.gauge = emit, grace_s, gauge
         self.feeds: dict[str, Feed] = {}       # share key -> feed
         self.keys: dict[str, str] = {}         # watch token -> share key
 
@@ -126,9 +126,11 @@ class ShareHub:
 class Viewers:
     """The viewers this process serves, by watch token: a bounded queue each. `None` in a queue closes it."""
 
-    def __init__(self, gauge=None) -> None:
+    def __init__(self, most: int, gauge=None) -> None:
         self.by_watch: dict[str, set[asyncio.Queue]] = {}
         self.count = 0
+        self.most = most                     # max_viewers
+        self.full = f"this server process serves at most {most} viewers"
         self.stopped = False
         self.gauge = gauge                   # simulserve_viewers
 
@@ -138,7 +140,7 @@ class Viewers:
             self.gauge.set(self.count)
 
     def add(self, watch: str, first: dict) -> asyncio.Queue | None:
-        if self.stopped or self.count >= MAX_VIEWERS:
+        if self.stopped or self.count >= self.most:
             return None
         q: asyncio.Queue = asyncio.Queue(VIEWER_QUEUE)
         q.put_nowait(first)
@@ -180,11 +182,13 @@ class Viewers:
 class LocalShares:
     """Shared captions in one process: the hub and the viewers side by side (server/app.py ServerState)."""
 
-    def __init__(self, metrics=None) -> None:
-        self.viewers = Viewers(metrics and metrics.viewers)
-        self.hub = ShareHub(self.viewers.deliver, gauge=metrics and metrics.shared_feeds)
+    def __init__(self, limits, metrics=None) -> None:
+        self.viewers = Viewers(limits.max_viewers, metrics and metrics.viewers)
+        self.hub = ShareHub(self.viewers.deliver, limits.share_grace_s, gauge=metrics and metrics.shared_feeds)
 
     async def open(self, key: str | None) -> tuple[str, str]:
+        if not self.viewers.most:
+            raise ShareError(NO_SHARING)
         return self.hub.open(key)
 
     def word(self, key: str, sentence: int, text: str) -> None:
@@ -197,12 +201,12 @@ class LocalShares:
         self.hub.left(key, ended)
 
     async def subscribe(self, watch: str) -> asyncio.Queue | str:
-        """A viewer's queue, its first event the feed's latest; or why not (NO_FEED, FULL)."""
+        """A viewer's queue, its first event the feed's latest; or why not (NO_FEED, or the viewers' cap)."""
         first = self.hub.last(watch)
         if first is None:
             return NO_FEED
         q = self.viewers.add(watch, first)
-        return FULL if q is None else q
+        return self.viewers.full if q is None else q
 
     def unsubscribe(self, watch: str, q: asyncio.Queue) -> None:
         self.viewers.remove(watch, q)
@@ -220,30 +224,27 @@ class RemoteShares:
 
     def __init__(self, state) -> None:
         self.state = state                      # the front end's FrontEndState: its `link` is the primary's
-        self.viewers = Viewers(state.metrics.viewers)
+        self.viewers = Viewers(state.settings.limits.max_viewers, state.metrics.viewers)
         self.latest: dict[str, dict] = {}       # watch token -> its latest event, while this front end watches it
 
     async def open(self, key: str | None) -> tuple[str, str]:
-        from server.ipc_messages import ShareOpen
+        if not self.viewers.most:
+            raise ShareError(NO_SHARING)
         got = await self.state.link.call(lambda req: ShareOpen(req, key))
         if isinstance(got, str):
             raise ShareError(got)
         return tuple(got)
 
     def word(self, key: str, sentence: int, text: str) -> None:
-        from server.ipc_messages import ShareWord
         self.state.link.send(ShareWord(key, sentence, text))
 
     def sentence(self, key: str, sentence: int) -> None:
-        from server.ipc_messages import ShareSentence
         self.state.link.send(ShareSentence(key, sentence))
 
     def left(self, key: str, ended: bool) -> None:
-        from server.ipc_messages import ShareLeft
         self.state.link.send(ShareLeft(key, ended))
 
     async def subscribe(self, watch: str) -> asyncio.Queue | str:
-        from server.ipc_messages import Watch
         first = self.latest.get(watch)
         if first is None:      # this front end's first viewer of it: the primary adds it to the feed's fronts
             first = await self.state.link.call(lambda req: Watch(req, watch))
@@ -253,7 +254,7 @@ class RemoteShares:
         q = self.viewers.add(watch, self.latest[watch])
         if q is None:
             self._forget_if_unwatched(watch)
-            return FULL
+            return self.viewers.full
         return q
 
     def unsubscribe(self, watch: str, q: asyncio.Queue) -> None:
@@ -270,7 +271,6 @@ class RemoteShares:
         self._forget_if_unwatched(watch)
 
     def _forget_if_unwatched(self, watch: str) -> None:
-        from server.ipc_messages import Unwatch
         if watch in self.latest and watch not in self.viewers.by_watch:
             del self.latest[watch]
             self.state.link.send(Unwatch(watch))

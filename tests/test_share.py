@@ -26,7 +26,7 @@ def lines_of(words: list[dict]) -> list[list[str]]:
 
 def test_the_hub_rolls_lines_up_carries_a_feed_on_and_ends_it():
     sent = []
-    hub = ShareHub(lambda watch, event: sent.append((watch, event)), grace_s=10)
+    hub = ShareHub(lambda watch, event: sent.append((watch, event)), 10.0)
     key, watch = hub.open(None)
     assert hub.last(watch) == {"lines": [], "ended": False} and hub.last("other") is None
     words = [(0, "Good"), (0, "morning."), (1, "We"), (1, "start")]
@@ -61,13 +61,14 @@ class Viewer(threading.Thread):
     def __init__(self, http: str, watch: str):
         super().__init__(daemon=True)
         self.url, self.events, self.status, self.opened = f"{http}/watch/{watch}/events", [], None, threading.Event()
-        self.front_end = None
+        self.front_end = self.error = None
 
     def run(self) -> None:
         with httpx.stream("GET", self.url, timeout=60) as r:
             self.status, self.front_end = r.status_code, r.headers.get("x-simulserve-front-end")
             self.opened.set()
             if r.status_code != 200:
+                self.error = json.loads(r.read())["error"]
                 return
             for line in r.iter_lines():
                 if line.startswith("data: "):
@@ -219,16 +220,27 @@ def test_the_client_shares_and_viewers_need_no_key(tmp_path, server):  # noqa: F
     assert viewer.events[-1] == {"lines": lines_of(words)[-1], "ended": True}
 
 
-def test_a_speaker_gone_for_the_grace_time_ends_the_feed(trained, monkeypatch):
+def test_a_speaker_gone_for_the_grace_time_ends_the_feed_and_viewers_are_capped(trained, monkeypatch):
     import server.share as share
-    monkeypatch.setattr(share, "GRACE_S", 0.5)
     monkeypatch.setattr(share, "EXPIRE_EVERY_S", 0.1)
-    with LiveServer(models={"waitk": str(trained["waitk"])}) as srv:
+    with LiveServer(models={"waitk": str(trained["waitk"])}, share_grace_s=3.0, max_viewers=1) as srv:
         ready, _ = asyncio.run(speak(srv.url, [{"type": "words", "words": ["haus", "baum"]}],
                                      start={**START, "share": True}, end=False))   # gone without `end`
         viewer = Viewer(srv.http, ready["share"]["watch"]).started()
+        second = Viewer(srv.http, ready["share"]["watch"]).started()   # one more than max_viewers
+        assert viewer.status == 200 and second.status == 503
+        assert second.error == "this server process serves at most 1 viewers"
         viewer.join(10)
         assert viewer.events[-1]["ended"] and not viewer.is_alive()
+
+
+def test_max_viewers_0_turns_sharing_off():
+    from server.settings import load_settings
+    from server.share import LocalShares
+    shares = LocalShares(load_settings(max_viewers=0).limits)
+    with pytest.raises(ShareError, match="does not share captions"):
+        asyncio.run(shares.open(None))
+    assert asyncio.run(LocalShares(load_settings().limits).open(None))
 
 
 def test_a_stopping_server_ends_its_viewers_responses(trained):
