@@ -312,6 +312,73 @@ def test_a_pane_shares_its_captions_with_viewers(page, server, browser):
 
 
 @pytest.fixture(scope="module")
+def limited_server(trained, tmp_path_factory):
+    """Sentences of at most 3 words: with auto_segment the server ends a longer one by itself (sentence_cut)."""
+    srv = ServerProcess({"waitk": trained["waitk"]}, tmp_path_factory.mktemp("limited_server") / "server.log",
+                        extra=("--max-words-per-sentence", "3", "--engines", "1"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def one_pane(browser, server, query: str):
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.js_errors, page.frames_in = [], []
+    page.on("pageerror", lambda e: page.js_errors.append(str(e)))
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda p: page.frames_in.append((1, json.loads(p)))))
+    page.goto(f"{server.url}/?compare=0&a=waitk&{query}")
+    page.fill("#api-key", KEY)
+    page.dispatch_event("#api-key", "change")
+    page.wait_for_selector("#pane-a .status[data-state=ready]")
+    return context, page
+
+
+def sources(page) -> list[str]:
+    """The source words of each of pane A's sentences, oldest first."""
+    return page.eval_on_selector_all("#pane-a li.sentence", "lis => lis.reverse().map(li => "
+                                     "[...li.querySelectorAll('.col:not(.end) .src')].map(s => s.textContent)"
+                                     ".join(' '))")
+
+
+def test_a_pause_ends_the_sentence_when_the_page_asks(browser, limited_server):
+    context, page = one_pane(browser, limited_server, "pause=1")
+    try:
+        assert page.input_value("#pause") == "1"
+        assert [m for _, m in page.frames_in if m["type"] == "ready"][-1]["end_after_pause_s"] == 1
+        page.click("#live-input")
+        page.keyboard.type("haus baum ", delay=15)       # no full stop, no Enter: the pause ends it
+        assert wait_done(page, "a", 0).locator(".translation").inner_text() == "haus baum"
+        assert page.input_value("#live-input") == ""     # the box holds the open sentence only
+        page.keyboard.type("licht ", delay=15)
+        wait_done(page, "a", 1)
+        assert sources(page) == ["haus baum", "licht"]
+    finally:
+        context.close()
+    assert not page.js_errors, page.js_errors
+
+
+def test_words_after_the_servers_own_end_stay_in_the_next_sentence(browser, limited_server):
+    """The server cuts a 5-word sentence after 3 (sentence_cut); the last two are its next sentence's, and a
+    word typed after that sentence's first translated word joins it, not a sentence of its own."""
+    context, page = one_pane(browser, limited_server, "")
+    try:
+        page.fill("#pane-a .knob-value", "1")            # wait-k 1: the next sentence's first word is written at once
+        page.dispatch_event("#pane-a .knob-value", "change")
+        page.wait_for_function("document.querySelector('#pane-a .status').textContent.includes('k=1')")
+        page.fill("#live-input", "haus baum licht wald stein ")   # one message: all five reach the page's sentence
+        wait_done(page, "a", 0)
+        page.wait_for_selector(sentence(page, "a", 1) + " .tgt")
+        say(page, "berg")
+        assert wait_done(page, "a", 1).locator(".translation").inner_text() == "wald stein berg"
+        assert sources(page) == ["haus baum licht", "wald stein berg"]
+    finally:
+        context.close()
+    assert not page.js_errors, page.js_errors
+
+
+@pytest.fixture(scope="module")
 def busy_server(trained, tmp_path_factory):
     """A delay budget no stream meets: admission by headroom keeps one stream at a time (in one engine process:
     with the CPU's default of two, each engine's admission would let one in)."""

@@ -235,6 +235,7 @@
       if (m.policy === "waitk") start.k = Math.round(Number(this.knob.value));
       if (m.policy === "gma") start.delta = Number(this.knob.value);
       if (this.shareBox.checked) start.share = this.shareKey || true;
+      if (state.pause > 0) start.end_after_pause_s = state.pause;
       this.start = start;
       const label = this.label();
       this.setStatus("connecting", "connecting…");
@@ -526,6 +527,15 @@
       return s;
     }
 
+    insertAfter(s) {   // a new sentence right after `s` (the ones after it move one place on)
+      const n = { idx: s.idx + 1, key: ++this.keys, source: [], words: [], ended: false, done: false,
+        li: el("li", "sentence") };
+      this.sentences.splice(s.idx + 1, 0, n);
+      s.li.before(n.li);   // (the list shows the newest first)
+      this.sentences.forEach((x, i) => { x.idx = i; x.li.dataset.sentence = i; });
+      return n;
+    }
+
     sentenceAt(i) {
       while (this.sentences.length <= this.base + i) this.newSentence();   // only if the mirror slipped
       return this.sentences[this.base + i];
@@ -543,10 +553,22 @@
     onSentence(msg) {
       const s = this.sentenceAt(msg.sentence);
       const src = msg.source.split(/\s+/).filter(Boolean);
+      const mine = s.source.map((w) => w.text);
+      // the server may end a sentence by itself: at a pause (end_after_pause_s) or at its word limit
+      // (sentence_cut); the words sent after that end are its next sentence's, and move there
+      const rest = s.source.slice(src.length);
+      if (!s.done && rest.length && src.every((w, i) => w === mine[i])) {
+        s.source = s.source.slice(0, src.length);
+        const next = this.insertAfter(s);
+        next.source = rest;
+        next.ended = s.ended;   // (an end sent after them was theirs)
+        if (this.open === s) this.open = next;
+        this.render(next);
+      }
+      if (this.open === s) { this.open = null; serverEnded(); }
       if (src.join(" ") !== s.source.map((w) => w.text).join(" ")) s.source = src.map((text) => ({ text }));
       s.done = true;
       s.ended = true;
-      if (this.open === s) this.open = null;
       Object.assign(s, { translation: msg.translation, latency: msg.latency, compute: msg.compute_ms,
         elapsed: msg.elapsed_ms });
       this.render(s);
@@ -731,6 +753,13 @@
     if (lines.length || lastEnd >= 0) live.value = rest;
   }
 
+  // A pane's server ended the open sentence by itself (a pause): the words sent leave the box, as at a full stop
+  function serverEnded() {
+    if (!sentWords.length) return;
+    live.value = live.value.replace(new RegExp(`^\\s*(?:\\S+\\s+){${sentWords.length}}`), "");
+    sentWords = [];
+  }
+
   function finishLine() {
     sendLine(live.value.replace(/\r?\n/g, " "), true);
     feed([], true);
@@ -825,6 +854,13 @@
     if (!compare.checked) b.disable();
   };
   if (params.get("compare") === "0") compare.checked = false;
+  const pause = $("#pause");
+  if ([...pause.options].some((o) => o.value === params.get("pause"))) pause.value = params.get("pause");
+  state.pause = Number(pause.value);
+  pause.addEventListener("change", () => {   // a stream's setting: new streams
+    state.pause = Number(pause.value);
+    state.panes.forEach((p) => p.enabled && p.reconnect());
+  });
   compare.addEventListener("change", applyCompare);
   if (!compare.checked) applyCompare();
 
