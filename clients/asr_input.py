@@ -10,10 +10,16 @@ Input: one JSON object per line, {"partial": "text"} or {"text": "text"} (the fi
 recognisers return them (`json.dumps(json.loads(rec.PartialResult()))` puts one on a line); other keys are
 ignored, and so are blank lines. Output: the input lines `stream_lines` takes with `auto_segment`: the newly
 stable words of a result as one line, and an empty line (end the sentence) after each final result.
+
+`timed_lines` reads the other common form, a recogniser that prints only committed text with its times
+(`simulserve stream --asr-timed`): Whisper-Streaming's `whisper_online.py` writes `EMITTED_MS BEG_MS END_MS text`
+a line, its server `BEG_MS END_MS text`. Committed text is never revised, so each line's words go out as
+they come; its punctuation ends the sentences (with `--end-after-pause`, so does a pause).
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 
 
@@ -85,3 +91,26 @@ def stable_lines(lines: Iterable[str], stabilizer: Stabilizer | None = None) -> 
             new = st.partial(result["partial"])
             if new:
                 yield " ".join(new)
+
+
+_TIME = re.compile(r"\d+(?:\.\d+)?")
+
+
+def timed_lines(lines: Iterable[str]) -> Iterator[str]:
+    """The text of each `[EMITTED] BEG END text` line, the times dropped; AsrInputError names a bad line."""
+    times = None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if times is None:
+            # the form, from the first line: whisper_online.py's emission time has decimals ("%1.4f"), the
+            # segment's times have none ("%1.0f"), so text that starts with a number is still text
+            times = 3 if "." in line.split()[0] else 2
+        parts = line.split(None, times)
+        if len(parts) < times or not all(_TIME.fullmatch(t) for t in parts[:times]):
+            form = "EMITTED BEG END text" if times == 3 else "BEG END text"
+            raise AsrInputError(f"--asr-timed: line {number} is not `{form}` as the first line was: "
+                                f"{line.strip()[:80]!r}")
+        text = parts[times].strip() if len(parts) > times else ""
+        if text:
+            yield text

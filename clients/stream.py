@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
-from clients.asr_input import AsrInputError, Stabilizer, stable_lines
+from clients.asr_input import AsrInputError, Stabilizer, stable_lines, timed_lines
 from clients.caption_feed import CaptionFeed, CaptionServer, parse_address
 from clients.subtitles import LiveSubtitles
 
@@ -403,10 +403,11 @@ async def _one_connection(ws, it, pending, summary: Summary, *, model, k, delta,
         await ws.close()
 
 
-def _asr_lines(src, stabilizer: Stabilizer):
-    """stable_lines over `src`, a bad line a ClientError (exit 2) that stops the stream."""
+def _asr_lines(src, stabilizer: Stabilizer | None):
+    """stable_lines (--asr-json) or timed_lines (--asr-timed) over `src`, a bad line a ClientError (exit 2) that
+    stops the stream."""
     try:
-        yield from stable_lines(src, stabilizer)
+        yield from stable_lines(src, stabilizer) if stabilizer else timed_lines(src)
     except AsrInputError as e:
         raise ClientError(str(e), 2) from None
 
@@ -433,18 +434,24 @@ def register(sub) -> None:
     p.add_argument("--model", "-m", help="model name (GET /v1/models; default: the server's first)")
     p.add_argument("--k", type=int, help="wait-k lag (wait-k models)")
     p.add_argument("--delta", type=float, help="GMA relaxation offset δ (GMA models)")
-    p.add_argument("--wpm", type=float, default=None, help="words per minute (default 150, with --asr-json 0; 0 = "
+    p.add_argument("--wpm", type=float, default=None, help="words per minute (default 150, with --asr-* 0; 0 = "
                                                            "as fast as they come or the server translates)")
     p.add_argument("--auto-segment", action="store_true", help="continuous text: the server cuts sentences "
                                                                "at . ! ? (a blank line also ends one)")
     p.add_argument("--segmenter", choices=("punct", "boundary"), default="punct",
                    help="with --auto-segment: punct (a sentence ends after . ! ? …, the default) or boundary (also "
                         "where the server's sentence-boundary classifier finds an end: titles, list items)")
-    p.add_argument("--asr-json", action="store_true",
+    asr = p.add_mutually_exclusive_group()
+    asr.add_argument("--asr-json", action="store_true",
                    help="the input is a speech recogniser's running results, one JSON object a line: "
                         "{\"partial\": TEXT} or {\"text\": TEXT} (final; Vosk's form). A word goes out once two "
                         "partial results in a row agree on it; a final result sends the rest and ends the sentence. "
                         "Implies --auto-segment and, unless given, --wpm 0")
+    asr.add_argument("--asr-timed", action="store_true",
+                     help="the input is a recogniser's committed text with its times, a line each: `EMITTED BEG END "
+                          "text` or `BEG END text` (Whisper-Streaming's whisper_online.py and its server). The "
+                          "times are dropped and the words go out as they come. Implies --auto-segment and, unless "
+                          "given, --wpm 0")
     p.add_argument("--end-after-pause", type=float, metavar="S",
                    help="with --auto-segment: the server ends the open sentence when no words have come for S "
                         "seconds (a live pipe whose speaker paused: its last words are translated then)")
@@ -495,14 +502,15 @@ def run(args) -> int:
     # SIGTERM (kill, a service manager) ends the stream as Ctrl-C does: the subtitle files get their last cue and
     # the viewers of --serve-captions are told the stream has ended
     signal.signal(signal.SIGTERM, _terminated)
-    if args.asr_json:   # (results come as they are spoken: no pace of the client's own)
+    live_asr = args.asr_json or args.asr_timed
+    if live_asr:   # (results come as they are spoken: no pace of the client's own)
         args.auto_segment = True
     if args.wpm is None:
-        args.wpm = 0.0 if args.asr_json else 150.0
+        args.wpm = 0.0 if live_asr else 150.0
     try:
         url = normalize_url(args.url)
-        if args.asr_json and args.reference:
-            raise ClientError("--reference scores a talk read from a text file, not --asr-json results", 2)
+        if live_asr and args.reference:
+            raise ClientError("--reference scores a talk read from a text file, not a recogniser's results", 2)
         if args.reference and not (args.auto_segment and args.wpm > 0 and args.input):
             raise ClientError("--reference scores a talk: give the talk's file, --auto-segment and a --wpm > 0", 2)
         if args.segmenter != "punct" and not args.auto_segment:
@@ -534,7 +542,7 @@ def run(args) -> int:
     try:
         with src:
             summary = asyncio.run(stream_lines(
-                url, _asr_lines(src, asr) if asr else (line for line in src), model=args.model, k=args.k,
+                url, _asr_lines(src, asr) if live_asr else (line for line in src), model=args.model, k=args.k,
                 delta=args.delta, wpm=args.wpm,
                 auto_segment=args.auto_segment, segmenter=args.segmenter, end_after_pause=args.end_after_pause,
                 share=args.share, api_key=args.api_key,

@@ -1,12 +1,12 @@
 """`simulserve stream --asr-json`: a speech recogniser's partial and final results as the stream's input
 (clients/asr_input.py). A word goes out once two partial results in a row agree on it; a final result sends the
-rest and ends the sentence."""
+rest and ends the sentence. `--asr-timed`: committed text with its times (Whisper-Streaming's form)."""
 from __future__ import annotations
 
 import json
 import random
 
-from clients.asr_input import Stabilizer, stable_lines
+from clients.asr_input import Stabilizer, stable_lines, timed_lines
 from models.data.synthetic import make_pairs
 from test_client import KEY, cli, reference, server   # noqa: F401 - the fixtures
 
@@ -63,11 +63,37 @@ def test_a_revision_after_sending_keeps_the_word_as_sent_and_is_counted():
 
 def test_bad_lines_are_named(server, tmp_path):  # noqa: F811
     path = tmp_path / "asr.jsonl"
-    for content, why in (('{"partial": "haus"}\nnot json\n', "line 2 is not JSON"),
-                         ('{"partial": 3}\n', 'line 1 has no "partial" or "text" string')):
+    for flag, content, why in (
+            ("--asr-json", '{"partial": "haus"}\nnot json\n', "line 2 is not JSON"),
+            ("--asr-json", '{"partial": 3}\n', 'line 1 has no "partial" or "text" string'),
+            ("--asr-timed", "0 900 haus baum\n900 1500\nhaus\n", "line 3 is not `BEG END text` as the first"),
+            ("--asr-timed", "12.5 0 900 haus\n40.0 900 licht\n", "line 2 is not `EMITTED BEG END text`")):
         path.write_text(content)
-        r = cli("stream", str(path), "--url", server.url, "--asr-json", "--model", "waitk", SIMULSERVE_API_KEY=KEY)
+        r = cli("stream", str(path), "--url", server.url, flag, "--model", "waitk", SIMULSERVE_API_KEY=KEY)
         assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def timed(utterances: list[str], rng: random.Random, emitted: bool) -> list[str]:
+    """Committed text as Whisper-Streaming prints it: the talk's words in chunks that ignore sentence ends, each
+    with its segment's times (and the emission time, `emitted`), now and then a line with no text."""
+    words, out, t = " ".join(utterances).split(), [], 0
+    while words:
+        n = rng.randint(1, 4)
+        chunk, words = words[:n], words[n:]
+        head = f"{t * 1.37 + 900:.4f} " if emitted else ""
+        out.append(f"{head}{t} {t + 300 * n} {' '.join(chunk)}")
+        if rng.random() < 0.2:
+            out.append(f"{head}{t} {t}")
+        t += 300 * n
+    return out
+
+
+def test_timed_lines_give_the_committed_text_in_either_form():
+    rng = random.Random(3)
+    talk = ["7 Leute kamen um 8.", "Danke, 2 Minuten.", "ja"]     # (text that starts with a number stays text)
+    for emitted in (False, True):
+        lines = timed(talk, rng, emitted)
+        assert " ".join(timed_lines(lines)) == " ".join(talk)
 
 
 def test_results_through_a_real_server_are_the_final_texts_translated(server, reference, tmp_path):  # noqa: F811
@@ -93,3 +119,16 @@ def test_results_through_a_real_server_are_the_final_texts_translated(server, re
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["source"] == "haus baum licht"
     assert "revised 1 word(s) after they had been sent" in r.stderr
+
+
+def test_timed_lines_through_a_real_server_are_the_sentences_translated(server, reference, tmp_path):  # noqa: F811
+    """Chunks that cut across sentences: the server's punctuation cut gives each sentence translated alone."""
+    talk = [s + " ." for s, _ in make_pairs(4, min_len=3, max_len=8, seed=72)]
+    path = tmp_path / "whisper.txt"
+    path.write_text("\n".join(timed(talk, random.Random(4), emitted=True)) + "\n")
+    r = cli("stream", str(path), "--url", server.url, "--asr-timed", "--model", "waitk", "--k", "2", "--json",
+            timeout=120, SIMULSERVE_API_KEY=KEY)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [m["source"] for m in got] == talk
+    assert [m["translation"] for m in got] == [reference("waitk", {"k": 2}, s).prediction for s in talk]
