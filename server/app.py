@@ -29,8 +29,8 @@ from server.engine import ModelEngine
 from server.guard import RATE_EXTENSION, SUBPROTOCOL, IpLimits, TokenBucket, key_from_subprotocols
 from server.metrics import Metrics
 from models.sentence_cutter import END, LIMITS, NO_CUTS, CutRule, OpenSentence, cut_words
-from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, Start, Text, Words,
-                             error, parse_client_message, schemas, split_text, split_words)
+from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, ShareCaptions, Start, Text,
+                             Words, error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
 from server.share import KEEPALIVE_S, NO_FEED, LocalShares, ShareError
 from server.stream_log import StreamRecord, refused, setting
@@ -420,7 +420,9 @@ class Session:
         self.killed: str | None = None
         self.tasks: list[asyncio.Task] = []
         self.record = StreamRecord(ws.client.host if ws.client else "?", time.monotonic())   # the stream's log line
-        self.share_key: str | None = None  # start's `share`: the feed this stream's words go to (server/share.py)
+        self.share_key: str | None = None  # the feed this stream's words go to (server/share.py), and its token
+        self.share_watch: str | None = None
+        self.knobs: tuple = (None, None)   # the policy's k and delta (the log line's setting)
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_loop())
@@ -499,7 +501,7 @@ class Session:
                 self.record.ended = True
                 if self.share_key is not None:
                     self.srv.shares.left(self.share_key, ended=True)
-                    self.share_key = None
+                    self.share_key = self.share_watch = None
                 await self.ws.close(1000)
                 return
             if kind == "error" and msg["fatal"]:
@@ -594,6 +596,27 @@ class Session:
             self._accept([self.partial] if self.partial else [], msg.id, "", end=True)
             self.ended = True
             self.engine.end_stream(self.h)
+        elif isinstance(msg, ShareCaptions):
+            await self._share(msg)
+
+    async def _share(self, msg: ShareCaptions) -> None:
+        """`share` mid-stream: a new feed (the words from now on go to it), or the feed's end, told to viewers."""
+        if msg.on and self.share_key is None:
+            try:
+                self.share_key, self.share_watch = await self.srv.shares.open(None)
+            except ShareError as e:
+                raise ProtocolError("bad_setting", str(e), msg.id) from None
+        elif not msg.on and self.share_key is not None:
+            self.srv.shares.left(self.share_key, ended=True)
+            self.share_key = self.share_watch = None
+        self.record.setting = setting(*self.knobs, self.auto, self.share_key is not None)
+        reply = {"type": "shared", "share": self._share_info()}
+        self.reply(reply if msg.id is None else {**reply, "id": msg.id})
+
+    def _share_info(self) -> dict | None:
+        if self.share_key is None:
+            return None
+        return {"watch": self.share_watch, "url": f"/watch/{self.share_watch}/", "key": self.share_key}
 
     async def _start(self, msg: Start) -> None:
         from models.policies import PolicyError
@@ -622,12 +645,13 @@ class Session:
                 share = await self.srv.shares.open(None if msg.share is True else msg.share)
             except ShareError as e:
                 raise ProtocolError("bad_setting", str(e), msg.id) from None
-            self.share_key = share[0]   # (from now on the session's end lets go of the feed, whatever happens)
+            # (from now on the session's end lets go of the feed, whatever happens)
+            self.share_key, self.share_watch = share
         h, busy = await self._attach(engine, policy, msg)   # last: a stream refused for any other reason takes no share
         if busy is not None:
             if share is not None:   # (a new feed ends; a carried one waits for the speaker's next try)
                 self.srv.shares.left(share[0], ended=msg.share is True)
-                self.share_key = None
+                self.share_key = self.share_watch = None
             self.reply(busy if msg.id is None else {**busy, "id": msg.id})   # fatal: the sender closes (1013)
             return
         self.engine, self.auto, self.h = engine, msg.auto_segment, h
@@ -638,13 +662,14 @@ class Session:
                                 max_subwords=c.max_positions - 1)
         stream = uuid.uuid4().hex[:16]
         self.record.stream, self.record.model = stream, name
+        self.knobs = (policy.k, policy.delta)
         self.record.setting = setting(policy.k, policy.delta, self.auto, share is not None)
         self.reply({
             "type": "ready", "stream": stream, "model": name, "policy": policy.kind,
             "k": policy.k, "delta": policy.delta, "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
             "auto_segment": self.auto, "segmenter": msg.segmenter if self.auto else None,
             "end_after_pause_s": self.pause_s,
-            "share": {"watch": share[1], "url": f"/watch/{share[1]}/", "key": share[0]} if share else None,
+            "share": self._share_info(),
             "limits": {"max_words_per_sentence": limits.max_words_per_sentence,
                        "max_backlog_words": limits.max_backlog_words,
                        "max_message_bytes": limits.max_message_bytes, "rate_limit": limits.rate_limit,

@@ -79,8 +79,16 @@ class EndStream(_Msg):
     id: MessageId = None
 
 
-ClientMessage = Annotated[Union[Start, Words, Text, EndSentence, EndStream], Field(discriminator="type")]
-CLIENT_TYPES = ("start", "words", "text", "end_sentence", "end_stream")
+class ShareCaptions(_Msg):
+    """Start or stop showing this stream's captions to viewers, mid-stream (answered with `shared`)."""
+    type: Literal["share"]
+    on: StrictBool = Field(description="true: a new feed for viewers, unless one is on already; false: the "
+                                       "feed ends (its viewers are told) and the next `true` opens a new one")
+    id: MessageId = None
+
+
+ClientMessage = Annotated[Union[Start, Words, Text, EndSentence, EndStream, ShareCaptions], Field(discriminator="type")]
+CLIENT_TYPES = ("start", "words", "text", "end_sentence", "end_stream", "share")
 _client_adapter = TypeAdapter(ClientMessage)
 
 
@@ -152,6 +160,13 @@ class End(_Msg):
     words: int
 
 
+class Shared(_Msg):
+    """Answers `share`: where viewers watch now, or null (not shared)."""
+    type: Literal["shared"]
+    share: Share | None
+    id: MessageId = Field(None, description="the `share` message's id, if it had one")
+
+
 class Error(_Msg):
     type: Literal["error"]
     code: str
@@ -169,7 +184,7 @@ class Warning(_Msg):  # noqa: A001 - the protocol's name
     backlog: int | None = None
 
 
-ServerMessage = Annotated[Union[Ready, Word, Sentence, End, Error, Warning], Field(discriminator="type")]
+ServerMessage = Annotated[Union[Ready, Word, Sentence, End, Shared, Error, Warning], Field(discriminator="type")]
 server_adapter = TypeAdapter(ServerMessage)
 
 # ---------------------------------------------------------------- error codes
@@ -324,8 +339,9 @@ def split_text(partial: str, chunk: str) -> tuple[list[str], str]:
 def schemas() -> dict:
     """JSON schemas of every message, and the error codes (GET /v1/protocol)."""
     return {
-        "client": {m.__name__: m.model_json_schema() for m in (Start, Words, Text, EndSentence, EndStream)},
-        "server": {m.__name__: m.model_json_schema() for m in (Ready, Word, Sentence, End, Error, Warning)},
+        "client": {m.__name__: m.model_json_schema() for m in (Start, Words, Text, EndSentence, EndStream,
+                                                               ShareCaptions)},
+        "server": {m.__name__: m.model_json_schema() for m in (Ready, Word, Sentence, End, Shared, Error, Warning)},
         "errors": {c: {"fatal": f, "close_code": cc, "meaning": m} for c, (f, cc, m) in ERRORS.items()},
         "warnings": WARNINGS,
     }

@@ -284,11 +284,15 @@ def as_words(arrivals: list[dict]) -> list[dict]:
 
 
 def test_a_pane_shares_its_captions_with_viewers(page, server, browser):
-    """The pane's "share" box: the stream is shared, the viewers' link shown; a viewer page on it follows the
-    pane's captions, and keeps following when the pane opens a new stream (Reconnect) on the same feed."""
+    """The pane's "share" box: the stream is shared (mid-stream: no new stream), the viewers' link shown; a viewer
+    page on it follows the pane's captions, keeps following when the pane opens a new stream (Reconnect) on the
+    same feed, and is told the stream has ended as soon as the box is unticked."""
     open_page(page, server)
+    streams = sum(m["type"] == "ready" for _, m in page.frames_in)
     page.check("#pane-a .share")
     page.wait_for_selector("#pane-a .share-link:not(.hidden)")
+    assert sent_by(page, "gma")["shared"][0]["share"]["watch"] in page.get_attribute("#pane-a .share-link a", "href")
+    assert sum(m["type"] == "ready" for _, m in page.frames_in) == streams   # the stream went on
     link = page.get_attribute("#pane-a .share-link a", "href")
     assert link.startswith(server.url + "/watch/") and link.endswith("/")
     viewer = browser.new_page()
@@ -307,6 +311,10 @@ def test_a_pane_shares_its_captions_with_viewers(page, server, browser):
         lines = [t.strip() for t in viewer.locator("#captions .line").all_inner_texts()]
         assert lines == [first, second]
         assert sent_by(page, "gma")["ready"][0]["share"]["url"] == link[len(server.url):]
+        page.uncheck("#pane-a .share")                   # the feed ends now, not after the grace time
+        viewer.wait_for_selector("#status[data-state=ended]", timeout=5000)
+        page.wait_for_selector("#pane-a .share-link.hidden", state="attached")
+        assert sent_by(page, "gma")["shared"][-1]["share"] is None
     finally:
         viewer.close()
 

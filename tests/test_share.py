@@ -155,9 +155,49 @@ def check_shared_stream(srv, viewers: int = 2, fronts: int = 1) -> list:
     return early
 
 
+def check_sharing_mid_stream(srv) -> None:
+    """`share` while the stream runs: the words written from then on reach viewers; `on: false` ends their feed at
+    once (not after the grace time); `on: true` again opens a new feed."""
+    async def go():
+        async with connect(srv.url) as ws:
+            await ws.send(json.dumps(START))
+            assert json.loads(await ws.recv())["share"] is None
+            await ws.send(json.dumps({"type": "share", "on": True, "id": 7}))
+            shared = json.loads(await ws.recv())
+            assert shared["type"] == "shared" and shared["id"] == 7
+            first = shared["share"]
+            assert first["url"] == f"/watch/{first['watch']}/"
+            viewer = Viewer(srv.http, first["watch"]).started()
+            await ws.send(json.dumps({"type": "share", "on": True}))           # on already: the same feed
+            assert json.loads(await ws.recv()) == {"type": "shared", "share": first}
+            await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht."]}))
+            words = []
+            while (msg := json.loads(await ws.recv()))["type"] != "sentence":
+                words.append(msg)
+            for _ in range(200):
+                if viewer.events and viewer.events[-1]["lines"] == lines_of(words)[-1]:
+                    break
+                await asyncio.sleep(0.05)
+            assert viewer.events[-1] == {"lines": lines_of(words)[-1], "ended": False}
+            await ws.send(json.dumps({"type": "share", "on": False}))
+            assert json.loads(await ws.recv()) == {"type": "shared", "share": None}
+            viewer.join(10)
+            assert viewer.events[-1]["ended"] and not viewer.is_alive()
+            assert Viewer(srv.http, first["watch"]).started().status == 404
+            await ws.send(json.dumps({"type": "share", "on": True}))
+            again = json.loads(await ws.recv())["share"]
+            assert again["watch"] != first["watch"]
+            await ws.send(json.dumps({"type": "end_stream"}))
+            while json.loads(await ws.recv())["type"] != "end":
+                pass
+        assert Viewer(srv.http, again["watch"]).started().status == 404    # `end` ended the new feed too
+    asyncio.run(go())
+
+
 def test_a_shared_stream_in_one_process(trained):
     with LiveServer(models={"waitk": str(trained["waitk"])}) as srv:
         check_shared_stream(srv)
+        check_sharing_mid_stream(srv)
 
         async def refused():   # a key nobody holds, and a key whose stream is still open
             async with connect(srv.url) as ws:
@@ -189,6 +229,7 @@ def test_a_shared_stream_behind_two_front_ends(trained):
         assert len(fronts) == 2
         early = check_shared_stream(srv, fronts=2)
         assert {v.front_end for v in early} == fronts
+        check_sharing_mid_stream(srv)
 
 
 def test_the_client_shares_and_viewers_need_no_key(tmp_path, server):  # noqa: F811
@@ -238,7 +279,7 @@ def test_max_viewers_0_turns_sharing_off():
     from server.settings import load_settings
     from server.share import LocalShares
     shares = LocalShares(load_settings(max_viewers=0).limits)
-    with pytest.raises(ShareError, match="does not share captions"):
+    with pytest.raises(ShareError, match="does not share captions"):   # (start's share, or a `share` message)
         asyncio.run(shares.open(None))
     assert asyncio.run(LocalShares(load_settings().limits).open(None))
 

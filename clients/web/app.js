@@ -152,9 +152,10 @@
       this.select.addEventListener("change", () => { this.configureKnob(); this.reconnect(); });
       this.knob.addEventListener("change", () => { this.clampKnob(); this.reconnect(); });
       this.reconnectBtn.addEventListener("click", () => this.reconnect());
-      this.shareBox.addEventListener("change", () => {   // (off: the old feed ends once the server's grace time is up)
+      this.shareBox.addEventListener("change", () => {
         if (!this.shareBox.checked) { this.shareKey = null; this.shareLink.classList.add("hidden"); }
-        this.reconnect();
+        // the stream goes on: the server starts or ends its feed (the next stream's `start` asks for it anyway)
+        if (this.ready) this.ws.send(JSON.stringify({ type: "share", on: this.shareBox.checked }));
       });
     }
 
@@ -300,12 +301,10 @@
             this.list.prepend(el("li", "divider", `now: ${msg.model} · ${label}`));
           }
           this.streamLabel = label;
-          if (msg.share) {
-            this.shareKey = msg.share.key;
-            this.shareTries = 0;
-            const a = $("a", this.shareLink);
-            a.href = a.textContent = new URL(msg.share.url, SERVER + "/").href;
-            this.shareLink.classList.remove("hidden");
+          this.shareTries = 0;
+          this.showShare(msg.share);
+          if (!!msg.share !== this.shareBox.checked) {   // the box changed while the stream was starting
+            this.ws.send(JSON.stringify({ type: "share", on: this.shareBox.checked }));
           }
           this.setStatus("ready", `live · ${label}`);
           if (this.alert.dataset.kind === "error") this.hideAlert();
@@ -314,10 +313,23 @@
           break;
         case "word": this.onWord(msg); break;
         case "sentence": this.onSentence(msg); break;
+        case "shared": if (this.shareBox.checked === !!msg.share) this.showShare(msg.share); break;
         case "warning": this.showAlert(msg.message, "warn", 5000); break;
         case "error": this.onError(msg); break;
         default: break;   // "end": the server closes the socket next
       }
+    }
+
+    showShare(share) {   // the feed viewers watch (`ready`, `shared`), or none
+      if (!share) {
+        this.shareKey = null;
+        this.shareLink.classList.add("hidden");
+        return;
+      }
+      this.shareKey = share.key;
+      const a = $("a", this.shareLink);
+      a.href = a.textContent = new URL(share.url, SERVER + "/").href;
+      this.shareLink.classList.remove("hidden");
     }
 
     onError(msg) {
@@ -346,6 +358,7 @@
         this.failed(msg.code, msg.message);
         return;
       }
+      if (msg.code === "bad_setting" && /share/.test(msg.message)) this.shareBox.checked = false;   // (refused)
       this.showAlert(`${msg.message} [${msg.code}]`, "warn", 8000);
     }
 
