@@ -104,3 +104,42 @@ def test_a_stream_shows_its_captions_in_a_viewers_browser(browser, server, tmp_p
     assert proc.returncode == 0, err
     words = [m for m in map(json.loads, out.splitlines()) if m["type"] == "word"]
     assert shown == cues(words)[-1][2].split("\n")    # the last two lines, as the subtitles' last cue
+
+
+@pytest.mark.browser
+def test_the_viewer_page_sets_text_size_and_theme_and_keeps_them(browser):  # noqa: F811
+    """A link's ?size= and ?theme= set the page; A+ (or the + key) steps the size up, the theme button toggles;
+    the browser keeps the viewer's last choice for the next visit."""
+    feed = CaptionFeed()
+    srv = CaptionServer(feed).start()
+    context = browser.new_context(viewport={"width": 1000, "height": 700})
+    page = context.new_page()
+    size = "parseFloat(getComputedStyle(document.querySelector('#captions')).fontSize)"
+    background = "getComputedStyle(document.body).backgroundColor"
+    try:
+        for w in "Good morning everyone".split():
+            feed.word(word(0, w))
+        page.goto(srv.url)
+        page.wait_for_function("document.querySelector('#captions').textContent.includes('morning')")
+        base = page.evaluate(size)                       # 3.8vw of 1000 px
+        assert base == pytest.approx(38, abs=0.5) and page.evaluate(background) == "rgb(11, 13, 16)"
+        page.goto(srv.url + "?size=2&theme=light")        # an operator's link for a projector
+        page.wait_for_function("document.querySelector('#captions').textContent.includes('morning')")
+        assert page.evaluate(size) == pytest.approx(2 * base, abs=0.5)
+        assert page.evaluate(background) == "rgb(255, 255, 255)"
+        page.mouse.move(30, 20)                          # the controls show
+        page.click("#larger")
+        assert page.evaluate(size) == pytest.approx(2.44 * base, abs=0.5)
+        page.keyboard.press("-")
+        page.keyboard.press("-")
+        assert page.evaluate(size) == pytest.approx(1.56 * base, abs=0.5)
+        page.keyboard.press("t")
+        assert page.evaluate(background) == "rgb(11, 13, 16)"
+        page.goto(srv.url)                               # the next visit keeps the viewer's choice
+        page.wait_for_function("document.querySelector('#captions').textContent.includes('morning')")
+        assert page.evaluate(size) == pytest.approx(1.56 * base, abs=0.5)
+        assert page.evaluate(background) == "rgb(11, 13, 16)"
+    finally:
+        context.close()
+        feed.end()
+        srv.close(feed)
