@@ -292,6 +292,8 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}   # (no proxy may hold events back)
         if srv.front_end is not None:
             headers["X-Simulserve-Front-End"] = str(srv.front_end)
+        if srv.server_id is not None:     # (behind Ray Serve: the replica that serves this viewer)
+            headers["X-Simulserve-Server"] = srv.server_id
         q = await srv.shares.subscribe(watch)
         if not isinstance(q, asyncio.Queue):
             return JSONResponse({"error": q}, status_code=404 if q == NO_FEED else 503, headers=headers)

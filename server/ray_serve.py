@@ -188,9 +188,12 @@ class SimulServe:
 
     async def __serve_build_asgi_app__(self):
         from server.app import create_app
+        from server.ray_shares import RayShares
         app = create_app(self.settings, wait_for_models=True, extend=_add_replica_routes)
         self.srv = app.state.server
         self.srv.server_id = self.replica
+        # shared captions: the feeds in one actor, so that a viewer may reach any replica (server/ray_shares.py)
+        self.srv.shares = RayShares(self.settings.limits, self.srv.metrics, NAMESPACE)
         await self._start_monitor()
         return app
 
@@ -256,14 +259,17 @@ def replicas() -> dict[str, dict]:
 
 
 def shutdown() -> None:
-    """Take the application and Serve down, and the registry with them (the cluster stays)."""
+    """Take the application and Serve down, and the registry and the shared feeds with them (the cluster
+    stays)."""
+    from server.ray_shares import SHARES
     try:
         serve.shutdown()
     finally:
-        try:
-            ray.kill(ray.get_actor(REGISTRY, namespace=NAMESPACE))
-        except ValueError:
-            pass
+        for name in (REGISTRY, SHARES):
+            try:
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+            except ValueError:
+                pass
 
 
 def run_cli(settings: ServerSettings, opts: RayOptions) -> int:

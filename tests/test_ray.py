@@ -234,6 +234,39 @@ def sentences_served(replica: dict) -> float:
     return sum(v for k, v in scrape(replica["metrics_url"]).items() if k.startswith("simulserve_sentences_total"))
 
 
+def check_shared_captions_across_replicas(serve: ServeRay, reps: list[dict]) -> None:
+    """A speaker shares on one replica; Ray's proxy sends viewers to either: each gets the roll-up of the
+    speaker's words and the end (the feeds live in one actor, server/ray_shares.py)."""
+    import json
+    from test_share import Viewer, lines_of
+    from websockets.asyncio.client import connect
+
+    async def speaker():
+        async with connect(serve.url) as ws:
+            await ws.send(json.dumps({"type": "start", "model": "waitk", "k": 2, "auto_segment": True,
+                                      "share": True}))
+            ready = json.loads(await ws.recv())
+            viewers = []
+            while len({v.server for v in viewers}) < 2:
+                viewers.append(Viewer(serve.http, ready["share"]["watch"]).started())
+                assert viewers[-1].status == 200 and len(viewers) < 40, [v.server for v in viewers]
+            await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald", "stein"]}))
+            await ws.send(json.dumps({"type": "end_stream"}))
+            words = []
+            while (msg := json.loads(await ws.recv()))["type"] != "end":
+                words += [msg] if msg["type"] == "word" else []
+        return ready, viewers, words
+    ready, viewers, words = asyncio.run(speaker())
+    for v in viewers:
+        v.join(30)
+    assert {v.server for v in viewers} == {r["replica"] for r in reps}
+    assert ready["server"] in {v.server for v in viewers}
+    for v in viewers:
+        assert v.events[-1] == {"lines": lines_of(words)[-1], "ended": True}, (v.server, v.events)
+        assert not v.is_alive()
+    assert Viewer(serve.http, ready["share"]["watch"]).started().status == 404   # ended, on any replica
+
+
 @pytest.mark.slow
 @in_own_netns
 def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster, trained):
@@ -276,6 +309,7 @@ def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster,
         assert set(served) == set(before), f"one replica served every stream: {served}"
         for r in reps:           # each replica's metrics count exactly the sentences it served
             assert sentences_served(r) - before[r["replica"]] == served[r["replica"]]
+        check_shared_captions_across_replicas(serve, reps)
 
         # kill one replica mid-stream: only its streams reconnect, and finish unchanged
         lines = [[s for s, _ in make_pairs(5, min_len=4, max_len=8, seed=100 + i)] for i in range(8)]

@@ -61,11 +61,12 @@ class Viewer(threading.Thread):
     def __init__(self, http: str, watch: str):
         super().__init__(daemon=True)
         self.url, self.events, self.status, self.opened = f"{http}/watch/{watch}/events", [], None, threading.Event()
-        self.front_end = self.error = None
+        self.front_end = self.server = self.error = None
 
     def run(self) -> None:
         with httpx.stream("GET", self.url, timeout=60) as r:
             self.status, self.front_end = r.status_code, r.headers.get("x-simulserve-front-end")
+            self.server = r.headers.get("x-simulserve-server")   # (behind Ray Serve: the replica)
             self.opened.set()
             if r.status_code != 200:
                 self.error = json.loads(r.read())["error"]
