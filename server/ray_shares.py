@@ -9,12 +9,15 @@ feed and replica), which it hands to its viewers. Viewers stay on the replica th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import ray
+from ray.exceptions import RayError
 
 from server.share import EXPIRE_EVERY_S, NO_FEED, NO_SHARING, ShareError, ShareHub, Viewers
 
+log = logging.getLogger("simulserve.ray")
 SHARES = "simulserve-shares"    # the named actor, in the deployment's namespace (server/ray_serve.py NAMESPACE)
 FOLLOW_WAIT_S = 10.0            # a follower's poll returns after this long without an event (then looks again)
 ENDED_KEPT_S = 60.0             # an ended feed's last event stays this long for followers that were waiting
@@ -125,7 +128,11 @@ class RayShares:
     async def open(self, key: str | None) -> tuple[str, str]:
         if not self.viewers.most:
             raise ShareError(NO_SHARING)
-        got = await self.actor.open.remote(key)
+        try:
+            got = await self.actor.open.remote(key)
+        except RayError as e:    # (its node lost: the next call makes a new one, whose feeds start empty)
+            self._actor = None
+            raise ShareError(f"the shared captions' actor did not answer: {type(e).__name__}") from None
         if isinstance(got, str):
             raise ShareError(got)
         self.carried.add(got[0])
@@ -146,7 +153,11 @@ class RayShares:
     async def subscribe(self, watch: str) -> asyncio.Queue | str:
         first = self.latest.get(watch)
         if first is None:        # this replica's first viewer of it
-            first = await self.actor.latest.remote(watch)
+            try:
+                first = await self.actor.latest.remote(watch)
+            except RayError:
+                self._actor = None
+                first = None
             if first is None:
                 return NO_FEED
         q = self.viewers.add(watch, first[1])
@@ -164,7 +175,12 @@ class RayShares:
         """The feed's events to this replica's viewers of it, while it has any."""
         try:
             while watch in self.viewers.by_watch:
-                got = await self.actor.after.remote(watch, self.latest[watch][0], FOLLOW_WAIT_S)
+                try:
+                    got = await self.actor.after.remote(watch, self.latest[watch][0], FOLLOW_WAIT_S)
+                except RayError as e:
+                    log.warning("the shared captions' actor did not answer (%s): feed %s ended for its viewers "
+                                "here", type(e).__name__, watch)
+                    self._actor, got = None, GONE
                 if got is None:
                     continue
                 if got == GONE:    # (the actor lost it): the viewers are told it has ended
