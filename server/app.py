@@ -17,7 +17,7 @@ import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, WebSocket
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
@@ -33,6 +33,7 @@ from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, Pro
                              Words, error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
 from server.share import KEEPALIVE_S, NO_FEED, LocalShares, ShareError
+from server.share_relay import RELAY_HEADER, find_peer_feed
 from server.stream_log import StreamRecord, refused, setting
 from server.stream_log import log as stream_log
 
@@ -288,13 +289,22 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
         return RedirectResponse(f"/watch/{watch}/", status_code=308)
 
     @app.get("/watch/{watch}/events", summary="a shared stream's captions as Server-Sent Events (start's `share`)")
-    async def watch_events(watch: str):
+    async def watch_events(watch: str, request: Request):
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}   # (no proxy may hold events back)
         if srv.front_end is not None:
             headers["X-Simulserve-Front-End"] = str(srv.front_end)
         if srv.server_id is not None:     # (behind Ray Serve: the replica that serves this viewer)
             headers["X-Simulserve-Server"] = srv.server_id
         q = await srv.shares.subscribe(watch)
+        peers = settings.transport.share_peers
+        if q == NO_FEED and peers and RELAY_HEADER not in request.headers:   # another replica's feed?
+            feed = await find_peer_feed(peers, watch)
+            if feed is not None:
+                if not srv.shares.viewers.add_relay(feed):
+                    feed.close()
+                    return JSONResponse({"error": srv.shares.viewers.full}, status_code=503, headers=headers)
+                return StreamingResponse(_relayed(srv, feed), media_type="text/event-stream",
+                                         headers={**headers, "X-Simulserve-Relayed": "1"})
         if not isinstance(q, asyncio.Queue):
             return JSONResponse({"error": q}, status_code=404 if q == NO_FEED else 503, headers=headers)
         return StreamingResponse(_sse(srv, watch, q), media_type="text/event-stream", headers=headers)
@@ -327,6 +337,16 @@ async def _sse(srv: ServerState, watch: str, q: asyncio.Queue):
                 return
     finally:
         srv.shares.unsubscribe(watch, q)
+
+
+async def _relayed(srv: ServerState, feed):
+    """A peer's feed, relayed to a viewer until it ends, the viewer goes, or the server stops (which closes it)."""
+    try:
+        async for chunk in feed.body():
+            yield chunk
+    finally:
+        feed.close()
+        srv.shares.viewers.remove_relay(feed)
 
 
 async def serve_stream(ws: WebSocket, srv: ServerState) -> None:

@@ -98,6 +98,9 @@ LIST_FLAGS = {
                               "or ?token=KEY"),
     "--allowed-origin": ("allowed_origins", "browser origin allowed to connect (repeat; default any)"),
     "--no-batching": ("no_batching", "step this model one stream at a time (repeat; for benchmarks)"),
+    "--share-peer": ("share_peers", "another replica behind the same load balancer, HOST:PORT (repeat; a name "
+                                    "that resolves to several addresses means each): viewers of its shared "
+                                    "captions that reach this one are relayed from it"),
 }
 
 # flag -> (server.ray_serve.RayOptions field, argparse keywords)

@@ -107,6 +107,7 @@ class TransportSettings:
     engines: int
     mps: str
     ws_compression: bool
+    share_peers: list[str]
 
 
 GROUPS = {"serving": ServingSettings, "batching": BatchingSettings, "limits": LimitSettings,
@@ -226,6 +227,10 @@ class ServerSettings(BaseSettings):
     ssl_keyfile: str | None = None
     web_dir: str | None = Field(None, description="static caption page served at / (default clients/web)")
     log_level: str = "info"
+    share_peers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="the other replicas behind a load balancer, HOST:PORT each (a name "
+                                          "that resolves to several addresses means each): a viewer of a shared "
+                                          "feed that another replica holds is relayed from it")
     ws_compression: bool = Field(False, description="permessage-deflate on the websockets (off: a stream's messages "
                                                     "are a few dozen bytes, and deflating each took about an eighth "
                                                     "of the event loop's samples in a profile at 100 speakers)")
@@ -246,7 +251,7 @@ class ServerSettings(BaseSettings):
             return out
         return v
 
-    @field_validator("no_batching", "api_keys", "allowed_origins", mode="before")
+    @field_validator("no_batching", "api_keys", "allowed_origins", "share_peers", mode="before")
     @classmethod
     def _parse_list(cls, v: Any):
         if isinstance(v, str):
@@ -261,6 +266,15 @@ class ServerSettings(BaseSettings):
     def _known_form(cls, v: str):
         from models.step_form import step_form
         return step_form(v).name   # ValueError naming the forms
+
+    @field_validator("share_peers")
+    @classmethod
+    def _host_and_port(cls, v: list[str]):
+        for peer in v:
+            host, _, port = peer.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"share peer {peer!r}: expected HOST:PORT")
+        return v
 
     @field_validator("api_keys")
     @classmethod

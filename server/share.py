@@ -131,6 +131,7 @@ class Viewers:
         self.count = 0
         self.most = most                     # max_viewers
         self.full = f"this server process serves at most {most} viewers"
+        self.relays: set = set()             # viewers relayed another replica's feed (server/share_relay.py)
         self.stopped = False
         self.gauge = gauge                   # simulserve_viewers
 
@@ -147,6 +148,19 @@ class Viewers:
         self.by_watch.setdefault(watch, set()).add(q)
         self._counted(1)
         return q
+
+    def add_relay(self, feed) -> bool:
+        """A viewer relayed a peer's feed: counted as a viewer, closed when the server stops."""
+        if self.stopped or self.count >= self.most:
+            return False
+        self.relays.add(feed)
+        self._counted(1)
+        return True
+
+    def remove_relay(self, feed) -> None:
+        if feed in self.relays:
+            self.relays.discard(feed)
+            self._counted(-1)
 
     def remove(self, watch: str, q: asyncio.Queue) -> bool:
         """Forget a viewer; True if it was the feed's last one here."""
@@ -172,6 +186,8 @@ class Viewers:
     def stop(self) -> None:
         """The server is stopping: every viewer's response ends (their pages find the feed gone)."""
         self.stopped = True
+        for feed in self.relays:
+            feed.close()
         for qs in self.by_watch.values():
             for q in qs:
                 while not q.empty():

@@ -47,7 +47,7 @@ class LiveServer:
         self.settings = load_settings(**settings)
         self.app = create_app(self.settings)
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", settings.get("port", 0)))   # (a port given: peers must know it beforehand)
         self.port = self.sock.getsockname()[1]
         self.http = f"http://127.0.0.1:{self.port}"
         self.url = f"ws://127.0.0.1:{self.port}/v1/stream"

@@ -14,6 +14,7 @@ from websockets.asyncio.client import connect
 from clients.subtitles import cues
 from server.share import ShareError, ShareHub
 from test_client import server   # noqa: F401 - the fixture (a server with an API key)
+from test_container import nginx_front   # noqa: F401 - the fixture (Debian's nginx with docker/nginx.conf)
 from test_server import LiveServer
 
 START = {"type": "start", "model": "waitk", "k": 2, "auto_segment": True}
@@ -62,11 +63,13 @@ class Viewer(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.events, self.status, self.opened = f"{http}/watch/{watch}/events", [], None, threading.Event()
         self.front_end = self.server = self.error = None
+        self.relayed = False
 
     def run(self) -> None:
         with httpx.stream("GET", self.url, timeout=60) as r:
             self.status, self.front_end = r.status_code, r.headers.get("x-simulserve-front-end")
             self.server = r.headers.get("x-simulserve-server")   # (behind Ray Serve: the replica)
+            self.relayed = r.headers.get("x-simulserve-relayed") == "1"   # (from a share peer)
             self.opened.set()
             if r.status_code != 200:
                 self.error = json.loads(r.read())["error"]
@@ -300,3 +303,73 @@ def test_a_stopping_server_ends_its_viewers_responses(trained):
         assert not viewer.is_alive() and not srv.thread.is_alive() and time.monotonic() - t < 8
     finally:
         srv.__exit__(None, None, None)
+
+
+def test_a_replica_relays_a_feed_its_peer_holds(trained):
+    """Two servers as replicas behind a load balancer: a viewer who reaches the one without the speaker is
+    relayed the feed from its peer (`share_peers`), to the end; a relayed request is never relayed again."""
+    models = {"waitk": str(trained["waitk"])}
+    with LiveServer(models=models) as a, \
+            LiveServer(models=models, share_peers=[f"localhost:{a.port}", "127.0.0.1:9"]) as b:   # (9: no one)
+        async def go():
+            async with connect(a.url) as ws:
+                await ws.send(json.dumps({**START, "share": True}))
+                watch = json.loads(await ws.recv())["share"]["watch"]
+                viewer = Viewer(b.http, watch).started()
+                assert viewer.status == 200 and a.metric("simulserve_viewers") == 1   # (its relay, on a)
+                again = httpx.get(f"{b.http}/watch/{watch}/events", headers={"X-Simulserve-Relay": "1"})
+                assert again.status_code == 404                                      # b's own feeds only
+                await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
+                await ws.send(json.dumps({"type": "end_stream"}))
+                words = []
+                while (msg := json.loads(await ws.recv()))["type"] != "end":
+                    words += [msg] if msg["type"] == "word" else []
+            return viewer, words
+        viewer, words = asyncio.run(go())
+        viewer.join(30)
+        assert viewer.events[-1] == {"lines": lines_of(words)[-1], "ended": True} and not viewer.is_alive()
+        assert [e["lines"] for e in viewer.events] == [[]] + lines_of(words) + [lines_of(words)[-1]]
+        assert Viewer(b.http, "no-such-feed").started().status == 404
+        # a stopping replica ends its relayed viewers' responses too, rather than waiting for the peer's feed
+        ready, _ = asyncio.run(speak(a.url, [], start={**START, "share": True}, end=False))   # (120 s of grace)
+        c = LiveServer(models=models, share_peers=[f"127.0.0.1:{a.port}"]).__enter__()
+        try:
+            relayed = Viewer(c.http, ready["share"]["watch"]).started()
+            assert relayed.status == 200
+            t = time.monotonic()
+            c.__exit__(None, None, None)
+            relayed.join(10)
+            assert not relayed.is_alive() and not c.thread.is_alive() and time.monotonic() - t < 8
+        finally:
+            c.__exit__(None, None, None)
+
+
+def test_viewers_through_nginx_reach_either_replica(trained, nginx_front):
+    """Two replicas that name each other as share peers, behind Debian's nginx with docker/nginx.conf (least
+    connections): the viewers nginx sends to the replica without the speaker are relayed, and every viewer gets
+    the speaker's roll-up and the end."""
+    from test_container import free_port
+    models = {"waitk": str(trained["waitk"])}
+    pa, pb = free_port(), free_port()
+    with LiveServer(models=models, port=pa, share_peers=[f"127.0.0.1:{pb}"]), \
+            LiveServer(models=models, port=pb, share_peers=[f"127.0.0.1:{pa}"]):
+        front = nginx_front([pa, pb])
+
+        async def go():
+            async with connect(front.replace("http", "ws") + "/v1/stream") as ws:
+                await ws.send(json.dumps({**START, "share": True}))
+                watch = json.loads(await ws.recv())["share"]["watch"]
+                viewers = []
+                while {v.relayed for v in viewers} != {True, False}:
+                    viewers.append(Viewer(front, watch).started())
+                    assert viewers[-1].status == 200 and len(viewers) < 20
+                await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
+                await ws.send(json.dumps({"type": "end_stream"}))
+                words = []
+                while (msg := json.loads(await ws.recv()))["type"] != "end":
+                    words += [msg] if msg["type"] == "word" else []
+            return viewers, words
+        viewers, words = asyncio.run(go())
+        for v in viewers:
+            v.join(30)
+            assert v.events[-1] == {"lines": lines_of(words)[-1], "ended": True} and not v.is_alive()

@@ -1,0 +1,105 @@
+"""Shared captions across replicas behind a load balancer of your own (nginx): the `share_peers` setting.
+
+A viewer of `/watch/TOKEN/` may reach another replica than the speaker's. A replica that has no feed of that
+token asks its peers for it (`share_peers`: the other replicas' HOST:PORT; a name that resolves to several
+addresses, as a compose service's name does, means each of them) and relays the first one's events to the
+viewer as they come. A relayed request carries RELAY_HEADER, and a replica answers it from its own feeds only:
+a request is relayed once, never in a loop. (Ray Serve needs none of this: server/ray_shares.py.)
+
+The peer is read with h11 (uvicorn's own HTTP/1.1 parser) over asyncio streams: no client library more.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import h11
+
+RELAY_HEADER = "x-simulserve-relay"
+CONNECT_S = 2.0        # a peer that does not answer this fast is skipped
+READ_CHUNK = 65536
+
+
+class PeerFeed:
+    """An open `/watch/TOKEN/events` response of a peer, its status read; `body()` yields the rest."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: h11.Connection):
+        self.reader, self.writer, self.conn = reader, writer, conn
+
+    async def body(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                event = self.conn.next_event()
+                if event is h11.NEED_DATA:
+                    self.conn.receive_data(await self.reader.read(READ_CHUNK))
+                elif isinstance(event, h11.Data):
+                    yield bytes(event.data)
+                else:           # EndOfMessage, ConnectionClosed: the peer's feed has ended
+                    return
+        except (OSError, h11.RemoteProtocolError):
+            return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def peer_addresses(peers: list[str]) -> list[tuple[str, int]]:
+    """Every address the peers name, in order, once each; a name that does not resolve is left out."""
+    loop, out = asyncio.get_running_loop(), []
+    for peer in peers:
+        host, _, port = peer.rpartition(":")
+        try:
+            infos = await loop.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+        except (OSError, ValueError):
+            continue
+        for *_, addr in infos:
+            if (addr[0], addr[1]) not in out:
+                out.append((addr[0], addr[1]))
+    return out
+
+
+async def open_peer_feed(address: tuple[str, int], watch: str) -> PeerFeed | None:
+    """The peer's feed of `watch`, its response started (200), or None (no such feed there, or no answer)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)
+    except (OSError, TimeoutError):
+        return None
+    conn = h11.Connection(h11.CLIENT)
+    host = f"[{address[0]}]" if ":" in address[0] else address[0]
+    try:
+        writer.write(conn.send(h11.Request(method="GET", target=f"/watch/{watch}/events", headers=[
+            ("Host", f"{host}:{address[1]}"), (RELAY_HEADER, "1"), ("Accept", "text/event-stream")])))
+        writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await asyncio.wait_for(reader.read(READ_CHUNK), CONNECT_S)
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Response):
+                if event.status_code == 200:
+                    return PeerFeed(reader, writer, conn)
+            break
+    except (OSError, TimeoutError, h11.RemoteProtocolError, h11.LocalProtocolError):
+        pass
+    writer.close()
+    return None
+
+
+async def find_peer_feed(peers: list[str], watch: str) -> PeerFeed | None:
+    """The first peer that has the feed (asked all at once); the others' answers are closed."""
+    tries = [asyncio.create_task(open_peer_feed(a, watch)) for a in await peer_addresses(peers)]
+    found = None
+    for done in asyncio.as_completed(tries):
+        feed = await done
+        if feed is None:
+            continue
+        if found is None:
+            found = feed
+        else:
+            feed.close()
+    return found
