@@ -11,6 +11,7 @@ The peer is read with h11 (uvicorn's own HTTP/1.1 parser) over asyncio streams: 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,8 @@ import h11
 RELAY_HEADER = "x-simulserve-relay"
 CONNECT_S = 2.0        # a peer that does not answer this fast is skipped
 READ_CHUNK = 65536
+# watch tokens are url-safe base64 (server/share.py): nothing else goes into a request line to a peer
+TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class PeerFeed:
@@ -92,6 +95,8 @@ async def open_peer_feed(address: tuple[str, int], watch: str) -> PeerFeed | Non
 
 async def find_peer_feed(peers: list[str], watch: str) -> PeerFeed | None:
     """The first peer that has the feed (asked all at once); the others' answers are closed."""
+    if not TOKEN.fullmatch(watch):
+        return None
     tries = [asyncio.create_task(open_peer_feed(a, watch)) for a in await peer_addresses(peers)]
     found = None
     for done in asyncio.as_completed(tries):
