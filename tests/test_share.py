@@ -330,7 +330,7 @@ def test_a_replica_relays_a_feed_its_peer_holds(trained):
         assert viewer.events[-1] == {"lines": lines_of(words)[-1], "ended": True} and not viewer.is_alive()
         assert [e["lines"] for e in viewer.events] == [[]] + lines_of(words) + [lines_of(words)[-1]]
         assert Viewer(b.http, "no-such-feed").started().status == 404
-        assert Viewer(b.http, "x%0d%0aHost:%20evil").started().status == 404   # never into a request to a peer
+        assert Viewer(b.http, "x%0d%0aHost:%20evil").started().status == 404   # not a token: no feed anywhere
         # a stopping replica ends its relayed viewers' responses too, rather than waiting for the peer's feed
         ready, _ = asyncio.run(speak(a.url, [], start={**START, "share": True}, end=False))   # (120 s of grace)
         c = LiveServer(models=models, share_peers=[f"127.0.0.1:{a.port}"]).__enter__()
