@@ -372,6 +372,15 @@ def load_settings(config_file: str | os.PathLike | None = None, **overrides) -> 
     return s
 
 
+def _flag(setting: str) -> str:
+    """The `serve` flag of a setting: --idle-timeout for idle_timeout_s, --api-key for api_keys."""
+    from server.cli import FLAGS, LIST_FLAGS   # (here: the cli imports this module)
+    for flag, (name, _) in {**FLAGS, **LIST_FLAGS}.items():
+        if name == setting:
+            return flag
+    return "--" + setting.replace("_", "-")
+
+
 def validation_line(err: dict) -> str:
     """One pydantic error as a line a user reads: the setting (its flag), what is wrong, the value given
     (pydantic's own text names an internal class and a web page)."""
@@ -381,7 +390,7 @@ def validation_line(err: dict) -> str:
         msg = msg.split(", ", 1)[1]
     if not loc:
         return msg
-    name = loc if "." in loc else f"{loc} (--{loc.replace('_', '-')})"
+    name = loc if "." in loc else f"{loc} ({_flag(loc)})"
     if err.get("type") == "extra_forbidden" or "input" not in err or isinstance(err["input"], dict):
         return f"{name}: {msg}"
     return f"{name}: {msg}, got {err['input']!r}"

@@ -3,6 +3,7 @@ flat names of flags and SIMULSERVE_* variables keep working (and win over a file
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -54,3 +55,8 @@ def test_a_bad_value_is_one_line_naming_the_setting_its_flag_and_the_value():
     assert "\n" not in text and "_Settings" not in text and "pydantic.dev" not in text
     assert "max_batch (--max-batch): Input should be greater than or equal to 1, got 0" in text
     assert "delay_budget_ms (--delay-budget-ms): Input should be greater than 0, got -5.0" in text
+    for bad, line in (({"idle_timeout_s": 0}, "idle_timeout_s (--idle-timeout): "),    # flags named otherwise
+                      ({"share_peers": "nope"}, "share_peers (--share-peer): share peer 'nope': expected HOST:PORT"),
+                      ({"api_keys": ["k", " "]}, "api_keys (--api-key): an API key is empty")):
+        with pytest.raises(SettingsError, match=re.escape(line)):
+            load_settings(**bad)
