@@ -67,12 +67,13 @@ class Viewer(threading.Thread):
 
     def run(self) -> None:
         with httpx.stream("GET", self.url, timeout=60) as r:
+            if r.status_code != 200:      # (read before `opened`: started() returns with it)
+                self.error = json.loads(r.read())["error"]
             self.status, self.front_end = r.status_code, r.headers.get("x-simulserve-front-end")
             self.server = r.headers.get("x-simulserve-server")   # (behind Ray Serve: the replica)
             self.relayed = r.headers.get("x-simulserve-relayed") == "1"   # (from a share peer)
             self.opened.set()
             if r.status_code != 200:
-                self.error = json.loads(r.read())["error"]
                 return
             for line in r.iter_lines():
                 if line.startswith("data: "):
