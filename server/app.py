@@ -32,7 +32,7 @@ from models.sentence_cutter import END, LIMITS, NO_CUTS, CutRule, OpenSentence, 
 from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, ProtocolError, ShareCaptions, Start, Text,
                              Words, error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
-from server.share import KEEPALIVE_S, NO_FEED, LocalShares, ShareError
+from server.share import NO_FEED, LocalShares, ShareError
 from server.share_relay import RELAY_HEADER, find_peer_feed
 from server.stream_log import StreamRecord, refused, setting
 from server.stream_log import log as stream_log
@@ -233,15 +233,16 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
     async def lifespan(app):
         loading = asyncio.create_task(srv.load())
         expiring = asyncio.create_task(srv.shares.expire_forever())
+        alive = asyncio.create_task(srv.shares.viewers.keep_alive_forever())
         if wait_for_models:
             await srv.settled.wait()
             if srv.load_error:
                 raise RuntimeError(f"loading the models failed: {srv.load_error}")
         yield
         srv.shares.viewers.stop()
-        for task in (loading, expiring):
+        for task in (loading, expiring, alive):
             task.cancel()
-        await asyncio.gather(loading, expiring, return_exceptions=True)
+        await asyncio.gather(loading, expiring, alive, return_exceptions=True)
         await srv.close()
 
     app = FastAPI(title="simulserve", version="0.1.0", lifespan=lifespan,
@@ -322,18 +323,15 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
 
 
 async def _sse(srv: ServerState, watch: str, q: asyncio.Queue):
-    """A viewer's events until its feed ends, it falls behind, or the server stops; comments keep it open."""
+    """A viewer's events until its feed ends, it falls behind, or the server stops; comments keep it open
+    (Viewers.keep_alive_forever)."""
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(q.get(), KEEPALIVE_S)
-            except TimeoutError:
-                yield ": keep-alive\n\n"
-                continue
-            if event is None:
+            item = await q.get()
+            if item is None:
                 return
-            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-            if event["ended"]:
+            yield item[0]
+            if item[1]:
                 return
     finally:
         srv.shares.unsubscribe(watch, q)

@@ -109,11 +109,18 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--real-time-on", choices=("all", "live"), default="all",
                    help="which words' p99 the criterion applies to: all (default), or only those written "
                         "while the sentence is still being spoken (live captions)")
+    p.add_argument("--viewers", default="", metavar="LIST",
+                   help="shared captions: one more speaker shares its stream and this many viewers follow its "
+                        "feed, beside --viewers-speakers speakers, a level per count (e.g. 0,500,2000): the "
+                        "speakers' delays and the viewers' lag behind the speaker")
+    p.add_argument("--viewers-speakers", type=int, default=25, metavar="N",
+                   help="speakers beside the shared one in each --viewers level (default 25)")
     p.add_argument("--throughput-streams", type=int, default=64)
     p.add_argument("--throughput-seconds", type=float, default=20.0)
     p.add_argument("--soak-seconds", type=float, default=600.0)
     p.add_argument("--soak-streams", type=int, help="default: the largest real-time level (at most 200)")
-    p.add_argument("--skip", default="", help="comma list of phases to skip: ramp, overload, throughput, soak")
+    p.add_argument("--skip", default="", help="comma list of phases to skip: ramp, overload, throughput, soak "
+                                                 "(overload and viewers run only when their levels are given)")
     p.add_argument("--client-procs", type=client_procs_arg, default=1, metavar="N",
                    help="spread the simulated clients of every phase over N client processes (default 1: all "
                         "in this process); the ramp table shows the busiest one's CPU, and a level where one "
@@ -165,6 +172,8 @@ def server_command(args, port: int) -> list[str]:
         cmd += ["--overlap", args.overlap]
     if args.mps:
         cmd += ["--mps", args.mps]
+    if args.viewers:   # (the levels measure what viewers cost past the default cap too)
+        cmd += ["--max-viewers", str(max(1000, *(int(x) for x in args.viewers.split(","))))]
     return cmd
 
 
@@ -624,6 +633,120 @@ async def soak(args, n, sentences, headers, base, pool: ClientPool | None = None
             "samples_mb": samples, **client_figures(rec, cpu), "errors": dict(rec.errors)}
 
 
+# ---------------------------------------------------------------- shared captions: viewers
+async def shared_speaker(url, model, headers, sentences, gap, clock: dict, watch: asyncio.Future,
+                         go: asyncio.Event, words: list[float], rng) -> None:
+    """A speaker that shares its stream: the watch token into `watch`; once `go` is set, a word every `gap` s
+    from clock["start"] until clock["t_stop"], and the arrival time of each word it gets back into `words`
+    (its feed sends the viewers one event a word)."""
+    from websockets.asyncio.client import connect
+    async with connect(url, additional_headers=headers, max_size=2 ** 22, open_timeout=60,
+                       ping_timeout=None) as ws:
+        await ws.send(json.dumps({"type": "start", "model": model, "share": True}))
+        ready = json.loads(await ws.recv())
+        if ready["type"] != "ready":
+            watch.set_exception(RuntimeError(f"the shared speaker was refused: {ready.get('message', ready)}"))
+            return
+        watch.set_result(ready["share"]["watch"])
+        await go.wait()
+
+        async def reader():
+            async for raw in ws:
+                m = json.loads(raw)
+                if m["type"] == "word":
+                    words.append(time.monotonic())
+                elif m["type"] == "end":
+                    return
+        task, n = asyncio.create_task(reader()), 0
+        while time.monotonic() < clock["t_stop"]:
+            for w in rng.choice(sentences):
+                await asyncio.sleep(max(0.0, clock["start"] + n * gap - time.monotonic()))
+                await ws.send(json.dumps({"type": "words", "words": [w]}))
+                n += 1
+            await ws.send('{"type": "end_sentence"}')
+        await ws.send('{"type": "end_stream"}')
+        await asyncio.wait_for(task, 120)
+
+
+async def viewer(base: str, watch: str, connected: list, events: list[float]) -> None:
+    """One viewer of /watch/TOKEN/events on a bare connection (thousands of them in one process): the arrival
+    time of each event after the first (the feed's state when it joined), until the feed ends."""
+    host, port = base.split("://", 1)[1].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port), limit=2 ** 20)
+    try:
+        writer.write(f"GET /watch/{watch}/events HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                     "Accept: text/event-stream\r\n\r\n".encode())
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"a viewer was refused: {status.decode().strip()}")
+        connected.append(1)
+        first = True
+        while line := await reader.readline():
+            if line.startswith(b"data: "):      # (an event is one chunk: its line comes whole)
+                if b'"ended": true' in line:
+                    return
+                if not first:
+                    events.append(time.monotonic())
+                first = False
+    finally:
+        writer.close()
+
+
+async def viewers_level(args, n: int, sentences, headers, base, pool) -> dict:
+    """--viewers-speakers speakers as a ramp level, and beside them one shared speaker whose feed n viewers
+    follow: the speakers' figures, and each viewer's lag behind the shared speaker, word by word."""
+    loop = asyncio.get_running_loop()
+    gap, rng = 60.0 / args.wpm, random.Random(args.seed + 7 + n)
+    watch, go, clock, words = loop.create_future(), asyncio.Event(), {}, []
+    sharing = asyncio.ensure_future(shared_speaker(args.url, args.model, headers, sentences, gap, clock, watch,
+                                                   go, words, rng))
+    token = await watch
+    connected, arrivals = [], [[] for _ in range(n)]
+    viewing = [asyncio.ensure_future(viewer(base, token, connected, arrivals[i])) for i in range(n)]
+    deadline = time.monotonic() + 60
+    while len(connected) < n:   # every viewer in before a word is spoken
+        failed = next((v.exception() for v in viewing if v.done() and v.exception()), None)
+        if failed or time.monotonic() > deadline:
+            for task in viewing + [sharing]:
+                task.cancel()
+            raise RuntimeError(f"{len(connected)} of {n} viewers connected: {failed or 'no answer in 60 s'}")
+        await asyncio.sleep(0.05)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    clock["start"] = time.monotonic() + 1.0        # (ramp_level's speakers start then too)
+    clock["t_stop"] = clock["start"] + args.level_seconds
+    go.set()
+    r = await ramp_level(args, args.viewers_speakers, sentences, headers, base, pool)
+    await sharing
+    if viewing:
+        await asyncio.wait(viewing, timeout=30)   # each ends with the feed's end
+    here_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    lags, missed = [], 0
+    for got in arrivals:
+        lags += [1000 * (a - w) for a, w in zip(got, words)]
+        missed += max(0, len(words) - len(got))
+    lag99 = pct(lags, 99)
+    return {**r, "viewers": n, "shared_words": len(words), "lag_p50_ms": pct(lags, 50), "lag_p99_ms": lag99,
+            "lag_max_ms": max(lags, default=float("nan")), "events_missed": missed, "viewer_proc_cpu": here_cpu,
+            "real_time": r["real_time"] and not missed and (not lags or lag99 <= args.max_p99_ms)}
+
+
+async def viewers(args, base, headers, sentences, out, pool) -> None:
+    print(f"\nshared captions: {args.viewers_speakers} speakers and one more that shares its stream, followed by "
+          f"the viewers ({args.level_seconds:g} s a level; a viewer's lag = its event's arrival − the word's "
+          "arrival at the speaker, both on this machine's clock)")
+    print("| viewers | speakers | added p99 ms | live p99 ms | stepping | shared words | viewers' lag p50 / p99 / "
+          "max ms | events missed | viewers' process CPU | real time |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|:---:|")
+    out["viewers"] = []
+    for n in (int(x) for x in args.viewers.split(",")):
+        r = await viewers_level(args, n, sentences, headers, base, pool)
+        out["viewers"].append(r)
+        print(f"| {n} | {r['streams']} | {r['p99_ms']:.1f} | {r['live_p99_ms']:.1f} | {100 * r['step_busy']:.0f}% | "
+              f"{r['shared_words']} | {r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f} | "
+              f"{r['events_missed']} | {100 * r['viewer_proc_cpu']:.0f}% | {'yes' if r['real_time'] else 'no'}"
+              + (f" {r['errors']}" if r["errors"] else "") + " |", flush=True)
+
+
 def load_sentences(args) -> list[list[str]]:
     path = args.input or DEFAULT_TEXT
     try:
@@ -738,7 +861,7 @@ async def _main(args, base) -> int:
         print(f"engine processes: {len(engines)} (" + "; ".join(
             f"{e['device']}, {e['step_form']}, {e['max_streams']} streams" for e in engines) + ")")
     pool = None
-    if args.client_procs > 1 and ({"ramp", "throughput", "soak"} - skip or args.overload):
+    if args.client_procs > 1 and ({"ramp", "throughput", "soak"} - skip or args.overload or args.viewers):
         print(f"clients: spread over {args.client_procs} client processes", flush=True)
         pool = ClientPool(args.client_procs, sentences)
     try:
@@ -802,6 +925,8 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
                       + (f" baseline errors {b['errors']}" if b["errors"] else ""), flush=True)
     if args.overload and "overload" not in skip:
         await overload(args, base, headers, sentences, out, pool)
+    if args.viewers and "viewers" not in skip:
+        await viewers(args, base, headers, sentences, out, pool)
     if "throughput" not in skip:
         if not args.unbatched_model:
             print("\n(throughput comparison skipped: pass --unbatched-model for a --url server)")

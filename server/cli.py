@@ -55,7 +55,7 @@ FLAGS = {
                                                                                  "refused client is told to wait "
                                                                                  "(default 30)"}),
     "--max-viewers": ("max_viewers", {"type": int, "help": "viewers of shared captions per serving process "
-                                                           "(default 2000; 0: no sharing)"}),
+                                                           "(default 1000; 0: no sharing)"}),
     "--share-grace-s": ("share_grace_s", {"type": float, "help": "how long a shared stream's speaker gone "
                                                                  "without `end` may carry the feed on (default "
                                                                  "120)"}),

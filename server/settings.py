@@ -209,7 +209,7 @@ class ServerSettings(BaseSettings):
     rate_burst: int = Field(200, ge=1)
     max_k: int = Field(32, ge=1, description="largest wait-k lag a client may ask for")
     max_delta: float = Field(16.0, ge=0, description="largest GMA δ a client may ask for")
-    max_viewers: int = Field(2000, ge=0, le=100000, description="viewers of shared captions per process serving "
+    max_viewers: int = Field(1000, ge=0, le=100000, description="viewers of shared captions per process serving "
                                                                 "them, each an open HTTP response (0: no "
                                                                 "sharing; `start`'s `share` is refused)")
     share_grace_s: float = Field(120.0, gt=0, le=86400, description="a shared stream's speaker gone without `end` "

@@ -16,6 +16,7 @@ are settings (server/settings.py: `max_viewers`, 0 turns sharing off; `share_gra
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -123,8 +124,19 @@ class ShareHub:
             self.gauge.set(len(self.feeds))
 
 
+def sse(event: dict) -> tuple[str, bool]:
+    """An event as a viewer's queue holds it: its Server-Sent Events text (made once for all its viewers), and
+    whether it is the feed's last."""
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n", event["ended"]
+
+
+KEEPALIVE = (": keep-alive\n\n", False)
+
+
 class Viewers:
-    """The viewers this process serves, by watch token: a bounded queue each. `None` in a queue closes it."""
+    """The viewers this process serves, by watch token: a bounded queue each, of `sse` items; `None` in a queue
+    closes it. One ticker keeps every response alive (`keep_alive_forever`): a timer per viewer and event
+    (`wait_for` on each queue read) cost more than the event's delivery itself at a thousand viewers."""
 
     def __init__(self, most: int, gauge=None) -> None:
         self.by_watch: dict[str, set[asyncio.Queue]] = {}
@@ -144,7 +156,7 @@ class Viewers:
         if self.stopped or self.count >= self.most:
             return None
         q: asyncio.Queue = asyncio.Queue(VIEWER_QUEUE)
-        q.put_nowait(first)
+        q.put_nowait(sse(first))
         self.by_watch.setdefault(watch, set()).add(q)
         self._counted(1)
         return q
@@ -175,13 +187,24 @@ class Viewers:
         return False
 
     def deliver(self, watch: str, event: dict) -> None:
-        for q in list(self.by_watch.get(watch, ())):
+        self._put(list(self.by_watch.get(watch, ())), sse(event), watch)
+
+    def _put(self, queues: list, item, watch: str | None) -> None:
+        for q in queues:
             try:
-                q.put_nowait(event)
+                q.put_nowait(item)
             except asyncio.QueueFull:          # a viewer that does not read: closed (its page reconnects)
+                if watch is None:              # (a keep-alive: the queue holds enough to send)
+                    continue
                 self.remove(watch, q)
                 q.get_nowait()
                 q.put_nowait(None)
+
+    async def keep_alive_forever(self) -> None:
+        """An SSE comment to every viewer every KEEPALIVE_S: proxies do not close an idle feed."""
+        while True:
+            await asyncio.sleep(KEEPALIVE_S)
+            self._put([q for qs in self.by_watch.values() for q in qs], KEEPALIVE, None)
 
     def stop(self) -> None:
         """The server is stopping: every viewer's response ends (their pages find the feed gone)."""

@@ -172,3 +172,21 @@ def test_the_throughput_table_shows_each_jobs_cycle_against_its_step(tiny_checkp
     assert float(cells[6]) == pytest.approx(1000 / batched["steps_per_s"], abs=0.05)
     assert batched["errors"]["sentence_too_long"] > 0 and batched["sentences"] > 0
     assert any(ln.startswith("errors, batched: sentence_too_long ") for ln in lines)
+
+
+def test_the_viewers_phase_follows_a_shared_speaker_with_every_viewer(tiny_checkpoint, tmp_path, one_torch_thread):
+    """`--viewers 0,3`: one more speaker shares its stream, 3 viewers follow its feed; every viewer gets an event
+    for every word the shared speaker got (none missed), and each event's lag is measured."""
+    ckpt, src = tiny_checkpoint
+    with LiveServer(models={"bench": str(ckpt)}, max_connections_per_ip=0, rate_limit=10000,
+                    rate_burst=10000) as srv:
+        out = tmp_path / "viewers.json"
+        r = bench(srv.url, src, out, "--viewers", "0,3", "--viewers-speakers", "2", "--skip", "ramp,throughput,soak")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert srv.metric("simulserve_viewers") == 0 and srv.metric("simulserve_shared_feeds") == 0
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert [row.split("|")[1].strip() for row in rows] == ["0", "3"], r.stdout
+    fig = json.loads(out.read_text())["viewers"]
+    assert [f["viewers"] for f in fig] == [0, 3] and all(f["streams"] == 2 for f in fig)
+    assert fig[1]["shared_words"] > 0 and fig[1]["events_missed"] == 0
+    assert fig[1]["lag_p50_ms"] <= fig[1]["lag_p99_ms"] <= fig[1]["lag_max_ms"] < 10_000

@@ -375,3 +375,22 @@ def test_viewers_through_nginx_reach_either_replica(trained, nginx_front):
         for v in viewers:
             v.join(30)
             assert v.events[-1] == {"lines": lines_of(words)[-1], "ended": True} and not v.is_alive()
+
+
+def test_viewers_get_each_event_encoded_once_and_keep_alive_comments(monkeypatch):
+    import server.share as share
+    monkeypatch.setattr(share, "KEEPALIVE_S", 0.05)
+    viewers = share.Viewers(10)
+
+    async def go():
+        a, b = viewers.add("w", {"lines": [], "ended": False}), viewers.add("w", {"lines": [], "ended": False})
+        viewers.deliver("w", {"lines": ["Guten Tag"], "ended": False})
+        first = [a.get_nowait(), a.get_nowait()]
+        assert b.get_nowait() == first[0] and b.get_nowait()[0] is first[1][0]   # (the same text, made once)
+        assert first[1] == ('data: {"lines": ["Guten Tag"], "ended": false}\n\n', False)
+        ticker = asyncio.create_task(viewers.keep_alive_forever())
+        assert await asyncio.wait_for(a.get(), 1) == (": keep-alive\n\n", False)
+        ticker.cancel()
+        viewers.deliver("w", {"lines": ["Guten Tag"], "ended": True})
+        assert (await b.get())[1] or (await b.get())[1]                            # (after a keep-alive)
+    asyncio.run(go())
