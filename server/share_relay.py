@@ -94,17 +94,25 @@ async def open_peer_feed(address: tuple[str, int], watch: str) -> PeerFeed | Non
 
 
 async def find_peer_feed(peers: list[str], watch: str) -> PeerFeed | None:
-    """The first peer that has the feed (asked all at once); the others' answers are closed."""
+    """The first peer that has the feed, asked all at once; a slow or silent peer does not hold the viewer up
+    once another has answered (its answer, if any, is closed when it comes)."""
     if not TOKEN.fullmatch(watch):
         return None
-    tries = [asyncio.create_task(open_peer_feed(a, watch)) for a in await peer_addresses(peers)]
+    pending = {asyncio.create_task(open_peer_feed(a, watch)) for a in await peer_addresses(peers)}
     found = None
-    for done in asyncio.as_completed(tries):
-        feed = await done
-        if feed is None:
-            continue
-        if found is None:
-            found = feed
-        else:
-            feed.close()
+    while pending and found is None:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            feed = task.result()
+            if feed is not None and found is None:
+                found = feed
+            elif feed is not None:
+                feed.close()
+    for task in pending:
+        task.add_done_callback(_close_answer)
     return found
+
+
+def _close_answer(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.result() is not None:
+        task.result().close()

@@ -96,6 +96,15 @@ def test_timed_lines_give_the_committed_text_in_either_form():
         assert " ".join(timed_lines(lines)) == " ".join(talk)
 
 
+def stream_file(server, path, lines: list[str], flag: str):  # noqa: F811
+    """`simulserve stream FILE --json` with a recogniser's lines: the run and its sentence results."""
+    path.write_text("\n".join(lines) + "\n")
+    r = cli("stream", str(path), "--url", server.url, flag, "--model", "waitk", "--k", "2", "--json",
+            timeout=120, SIMULSERVE_API_KEY=KEY)
+    assert r.returncode == 0, r.stderr
+    return r, [json.loads(line) for line in r.stdout.splitlines()]
+
+
 def test_results_through_a_real_server_are_the_final_texts_translated(server, reference, tmp_path):  # noqa: F811
     """The translation of the results equals each final text translated as a sentence alone (a copy model, so the
     words are checkable), with --wpm 0 implied, and the revisions the recogniser made late are reported."""
@@ -103,11 +112,7 @@ def test_results_through_a_real_server_are_the_final_texts_translated(server, re
     lines = results(utterances, random.Random(2))
     lines.insert(3, json.dumps({"partial": "zzz"}))          # a stray guess that no later result agrees with
     path = tmp_path / "asr.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    r = cli("stream", str(path), "--url", server.url, "--asr-json", "--model", "waitk", "--k", "2", "--json",
-            timeout=120, SIMULSERVE_API_KEY=KEY)
-    assert r.returncode == 0, r.stderr
-    got = [json.loads(line) for line in r.stdout.splitlines()]
+    r, got = stream_file(server, path, lines, "--asr-json")
     assert [m["source"] for m in got] == utterances
     assert [m["translation"] for m in got] == [reference("waitk", {"k": 2}, u).prediction for u in utterances]
     assert "revised" not in r.stderr
@@ -124,11 +129,6 @@ def test_results_through_a_real_server_are_the_final_texts_translated(server, re
 def test_timed_lines_through_a_real_server_are_the_sentences_translated(server, reference, tmp_path):  # noqa: F811
     """Chunks that cut across sentences: the server's punctuation cut gives each sentence translated alone."""
     talk = [s + " ." for s, _ in make_pairs(4, min_len=3, max_len=8, seed=72)]
-    path = tmp_path / "whisper.txt"
-    path.write_text("\n".join(timed(talk, random.Random(4), emitted=True)) + "\n")
-    r = cli("stream", str(path), "--url", server.url, "--asr-timed", "--model", "waitk", "--k", "2", "--json",
-            timeout=120, SIMULSERVE_API_KEY=KEY)
-    assert r.returncode == 0, r.stderr
-    got = [json.loads(line) for line in r.stdout.splitlines()]
+    _, got = stream_file(server, tmp_path / "whisper.txt", timed(talk, random.Random(4), emitted=True), "--asr-timed")
     assert [m["source"] for m in got] == talk
     assert [m["translation"] for m in got] == [reference("waitk", {"k": 2}, s).prediction for s in talk]

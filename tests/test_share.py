@@ -346,6 +346,27 @@ def test_a_replica_relays_a_feed_its_peer_holds(trained):
             c.__exit__(None, None, None)
 
 
+def test_a_silent_peer_does_not_hold_a_relayed_viewer_up(trained, monkeypatch):
+    """A peer that takes the connection and never answers (a hung replica): the viewer is relayed from the one
+    that has the feed as soon as it answers, not after the silent one's time-out."""
+    import socket
+    import server.share_relay as share_relay
+    monkeypatch.setattr(share_relay, "CONNECT_S", 20.0)
+    models = {"waitk": str(trained["waitk"])}
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)                                      # the kernel accepts; nobody ever reads or writes
+    try:
+        with LiveServer(models=models) as a, LiveServer(models=models, share_peers=[
+                f"127.0.0.1:{silent.getsockname()[1]}", f"127.0.0.1:{a.port}"]) as b:
+            ready, _ = asyncio.run(speak(a.url, [], start={**START, "share": True}, end=False))
+            t = time.monotonic()
+            viewer = Viewer(b.http, ready["share"]["watch"]).started()
+            assert viewer.status == 200 and viewer.relayed and time.monotonic() - t < 10
+    finally:
+        silent.close()
+
+
 def test_viewers_through_nginx_reach_either_replica(trained, nginx_front):
     """Two replicas that name each other as share peers, behind Debian's nginx with docker/nginx.conf (least
     connections): the viewers nginx sends to the replica without the speaker are relayed, and every viewer gets
