@@ -568,10 +568,12 @@
       const src = msg.source.split(/\s+/).filter(Boolean);
       const mine = s.source.map((w) => w.text);
       // the server may end a sentence by itself: at a pause (end_after_pause_s) or at its word limit
-      // (sentence_cut); the words sent after that end are its next sentence's, and move there
-      const rest = s.source.slice(src.length);
+      // (sentence_cut); the words sent after that end are its next sentence's, and move there (`source` is
+      // the words read: those sent after the model had ended the sentence, `unread_words`, were still its own)
+      const own = src.length + (msg.unread_words || 0);
+      const rest = s.source.slice(own);
       if (!s.done && rest.length && src.every((w, i) => w === mine[i])) {
-        s.source = s.source.slice(0, src.length);
+        s.source = s.source.slice(0, own);
         const next = this.insertAfter(s);
         next.source = rest;
         next.ended = s.ended;   // (an end sent after them was theirs)
