@@ -10,14 +10,13 @@ read: nothing they send reaches the translation server, which serves this one st
 """
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from server.caption_lines import CaptionLines
+from server.caption_lines import KEEPALIVE_TEXT, CaptionLines, sse_text
 
 VIEWER = Path(__file__).resolve().parent / "web" / "viewer.html"
 MAX_VIEWERS = 200          # more are refused (503): each holds a thread
@@ -108,12 +107,12 @@ def _handler(feed: CaptionFeed):
                     try:
                         event = q.get(timeout=KEEPALIVE_S)
                     except queue.Empty:
-                        self.wfile.write(b": keep-alive\n\n")
+                        self.wfile.write(KEEPALIVE_TEXT.encode())
                         self.wfile.flush()
                         continue
                     if event is None:
                         return
-                    self.wfile.write(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+                    self.wfile.write(sse_text(event).encode())
                     self.wfile.flush()
                     if event["ended"]:
                         return

@@ -3,6 +3,8 @@ shared captions' viewers (server/share.py) show. A sentence starts a new line; a
 characters; the display shows the last two lines."""
 from __future__ import annotations
 
+import json
+
 LINE_CHARS = 42   # the usual width of a subtitle line
 SHOWN = 2         # lines on screen
 # sentences whose lines are kept: a restart voids the unfinished sentences (a few), and what shows after it are
@@ -29,3 +31,13 @@ class CaptionLines:
 
     def shown(self) -> list[str]:
         return [" ".join(words) for _, words in self.lines[-SHOWN:]]
+
+
+# A caption feed on the wire (Server-Sent Events, clients/web/viewer.html reads it): the server's shared captions
+# (server/share.py) and `simulserve stream --serve-captions` (clients/caption_feed.py) send the same
+KEEPALIVE_TEXT = ": keep-alive\n\n"   # a comment, so that proxies do not close an idle feed
+
+
+def sse_text(event: dict) -> str:
+    """An event ({"lines": [...], "ended": bool}) as one Server-Sent Event."""
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"

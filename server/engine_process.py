@@ -27,7 +27,6 @@ from server.ipc import Link, accept_link
 from server.ipc_messages import (Attach, Collect, Collected, Connect, Detach, Disconnect, Events, LoopLate, Owes,
                                  Reply, Scrape, Shared, ShareLeft, ShareOpen, ShareSentence, ShareWord, Status,
                                  StatusRequest, ToStream, Unwatch, Watch)
-from server import share
 from server.share import ShareError, ShareHub
 from server.metrics_merge import snapshot
 from server.protocol import error
@@ -182,7 +181,7 @@ class EngineProcess:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         server = await asyncio.start_unix_server(self._serve_front_end, sock=self.listener)
         loading = asyncio.create_task(self.srv.load())
-        expiring = asyncio.create_task(self._expire_shares_forever())
+        expiring = asyncio.create_task(self.hub.expire_forever())
         await stop.wait()
         server.close()
         for task in (loading, expiring):
@@ -332,11 +331,6 @@ class EngineProcess:
                 front.link.send(Shared(watch, event))
         if event["ended"]:
             self.watchers.pop(watch, None)
-
-    async def _expire_shares_forever(self) -> None:
-        while True:
-            await asyncio.sleep(share.EXPIRE_EVERY_S)
-            self.hub.expire()
 
     # ---- probes
     def status(self, f: FrontEnd, m: StatusRequest) -> None:

@@ -15,7 +15,7 @@ import time
 import ray
 from ray.exceptions import RayError
 
-from server.share import EXPIRE_EVERY_S, NO_FEED, NO_SHARING, ShareError, ShareHub, Viewers
+from server.share import NO_FEED, NO_SHARING, ShareError, ShareHub, Viewers
 
 log = logging.getLogger("simulserve.ray")
 SHARES = "simulserve-shares"    # the named actor, in the deployment's namespace (server/ray_serve.py NAMESPACE)
@@ -39,7 +39,7 @@ class SharedFeeds:
     def _started(self) -> None:   # (the loop exists only once a method runs)
         if self.tick is None:
             self.tick = asyncio.Event()
-            self.expiring = asyncio.get_running_loop().create_task(self._expire_forever())
+            self.expiring = asyncio.get_running_loop().create_task(self.hub.expire_forever(also=self._forget_ended))
 
     def _emit(self, watch: str, event: dict) -> None:
         self.events[watch] = (self.events.get(watch, (0, None))[0] + 1, event)
@@ -48,14 +48,11 @@ class SharedFeeds:
         self.tick.set()
         self.tick = asyncio.Event()
 
-    async def _expire_forever(self) -> None:
-        while True:
-            await asyncio.sleep(EXPIRE_EVERY_S)
-            self.hub.expire()
-            now = time.monotonic()
-            for watch, at in list(self.ended_at.items()):
-                if now - at >= ENDED_KEPT_S:
-                    del self.ended_at[watch], self.events[watch]
+    def _forget_ended(self) -> None:
+        now = time.monotonic()
+        for watch, at in list(self.ended_at.items()):
+            if now - at >= ENDED_KEPT_S:
+                del self.ended_at[watch], self.events[watch]
 
     async def open(self, key: str | None):
         """(key, watch), or why not as a string (a ShareError's text)."""

@@ -16,13 +16,12 @@ are settings (server/settings.py: `max_viewers`, 0 turns sharing off; `share_gra
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from server.caption_lines import CaptionLines
+from server.caption_lines import KEEPALIVE_TEXT, CaptionLines, sse_text
 from server.ipc_messages import ShareLeft, ShareOpen, ShareSentence, ShareWord, Unwatch, Watch
 
 EXPIRE_EVERY_S = 5.0       # how often the feeds past their grace time are ended
@@ -104,6 +103,14 @@ class ShareHub:
             if feed.left_at is not None and now - feed.left_at >= self.grace_s:
                 self._end(key)
 
+    async def expire_forever(self, also: Callable[[], None] | None = None) -> None:
+        """Every EXPIRE_EVERY_S, end the feeds past their grace time (and run `also`)."""
+        while True:
+            await asyncio.sleep(EXPIRE_EVERY_S)
+            self.expire()
+            if also is not None:
+                also()
+
     def last(self, watch: str) -> dict | None:
         """The feed's latest event (what a viewer who joins now sees first), or None: no such feed."""
         key = self.keys.get(watch)
@@ -127,10 +134,10 @@ class ShareHub:
 def sse(event: dict) -> tuple[str, bool]:
     """An event as a viewer's queue holds it: its Server-Sent Events text (made once for all its viewers), and
     whether it is the feed's last."""
-    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n", event["ended"]
+    return sse_text(event), event["ended"]
 
 
-KEEPALIVE = (": keep-alive\n\n", False)
+KEEPALIVE = (KEEPALIVE_TEXT, False)
 
 
 class Viewers:
@@ -251,9 +258,7 @@ class LocalShares:
         self.viewers.remove(watch, q)
 
     async def expire_forever(self) -> None:
-        while True:
-            await asyncio.sleep(EXPIRE_EVERY_S)
-            self.hub.expire()
+        await self.hub.expire_forever()
 
 
 class RemoteShares:
