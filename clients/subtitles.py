@@ -13,6 +13,7 @@ same cues.
 """
 from __future__ import annotations
 
+import re
 from typing import TextIO
 
 from server.caption_lines import LINE_CHARS, CaptionLines  # noqa: F401 - LINE_CHARS: what the tests check
@@ -37,10 +38,22 @@ def cue_block(cue: Cue) -> str:
     return f"{timestamp(start)} --> {timestamp(end)}\n{_escape(text)}\n"
 
 
+# SubRip has no escapes, but players read <b>, <i>, <font …> and the like as markup, {\an8}-style blocks as ASS
+# overrides, and "-->" as a timing line: a zero-width space after the opening character keeps such text as text
+# (a German source word copied through <unk> can be anything)
+ZWSP = "\u200b"
+_SRT_MARKUP = re.compile(r"(<)(?=[A-Za-z/])|(\{)(?=\\)|(-)(?=->)")
+
+
+def srt_text(text: str) -> str:
+    """The text of a SubRip cue: shown as written by players that parse SubRip's markup."""
+    return _SRT_MARKUP.sub(lambda m: m.group(0) + ZWSP, text)
+
+
 def srt_block(number: int, cue: Cue) -> str:
-    """A SubRip cue: its number from 1, times with a comma, the text as it is (SubRip has no escapes)."""
+    """A SubRip cue: its number from 1, times with a comma, the text guarded against markup (srt_text)."""
     start, end, text = cue
-    return f"{number}\n{timestamp(start, ',')} --> {timestamp(end, ',')}\n{text}\n"
+    return f"{number}\n{timestamp(start, ',')} --> {timestamp(end, ',')}\n{srt_text(text)}\n"
 
 
 class RollUp:

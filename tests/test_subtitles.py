@@ -111,6 +111,26 @@ def parse_srt(text: str) -> list[tuple[float, float, str]]:
     return out
 
 
+MARKUP = re.compile(r"<[A-Za-z/]|\{\\|-->")   # what SubRip players read as markup or a timing line
+
+
+def test_subrip_text_that_looks_like_markup_stays_text():
+    """SubRip has no escapes: <b>, {\\an8} or --> in a word (a source word copied through <unk>) would be
+    read as markup or a timing line; a zero-width space keeps each as text, and nothing else changes."""
+    texts = ["<b>fett</b>", "{\\an8}oben", "a-->b", "x < y", "a -> b", "<unk>", "Tom&Jerry", "<", "->"]
+    words = [word(0, t, 1.0 + 0.5 * i) for i, t in enumerate(texts)]
+    out = Kept()
+    live = LiveSubtitles(out, "srt")
+    for w in words:
+        live.word(w)
+    live.close()
+    got = parse_srt(out.final)
+    assert got and out.final == srt(words)
+    assert [(a, b, t.replace("\u200b", "")) for a, b, t in got] == cues(words)   # the same text, seen
+    assert not any(MARKUP.search(t) for _, _, t in got)
+    assert "\u200b" not in "".join(t for _, _, t in parse_srt(srt([word(0, t, 1.0) for t in ("x < y", "a -> b")])))
+
+
 def test_a_restart_starts_the_sentence_on_a_new_line_and_keeps_what_was_shown():
     roll = RollUp()
     for i, w in enumerate(["Good", "morning", "everyone"]):
