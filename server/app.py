@@ -33,7 +33,7 @@ from server.protocol import (ERRORS, MAX_WORD_CHARS, EndSentence, EndStream, Pro
                              Words, error, parse_client_message, schemas, split_text, split_words)
 from server.settings import ServerSettings, load_settings, resolve_models
 from server.share import NO_FEED, LocalShares, ShareError
-from server.share_relay import RELAY_HEADER, find_peer_feed
+from server.share_relay import RELAY_HEADER, PeerRelays
 from server.stream_log import StreamRecord, refused, setting
 from server.stream_log import log as stream_log
 
@@ -78,6 +78,7 @@ class ServerState:
                             settings.auth.auth_failure_window_s)
         # shared captions (server/share.py); a front end of --workers asks the engine process instead
         self.shares = LocalShares(settings.limits, self.metrics)
+        self.relays = None                  # share_peers: the peers' feeds followed for viewers here
         self.front_end: int | None = None   # which front end of `--workers N` this is (server/frontend.py)
 
     async def load(self) -> None:
@@ -296,19 +297,17 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
             headers["X-Simulserve-Front-End"] = str(srv.front_end)
         if srv.server_id is not None:     # (behind Ray Serve: the replica that serves this viewer)
             headers["X-Simulserve-Server"] = srv.server_id
-        q = await srv.shares.subscribe(watch)
+        q, source = await srv.shares.subscribe(watch), srv.shares
         peers = settings.transport.share_peers
         if q == NO_FEED and peers and RELAY_HEADER not in request.headers:   # another replica's feed?
-            feed = await find_peer_feed(peers, watch)
-            if feed is not None:
-                if not srv.shares.viewers.add_relay(feed):
-                    feed.close()
-                    return JSONResponse({"error": srv.shares.viewers.full}, status_code=503, headers=headers)
-                return StreamingResponse(_relayed(srv, feed), media_type="text/event-stream",
-                                         headers={**headers, "X-Simulserve-Relayed": "1"})
+            if srv.relays is None:
+                srv.relays = PeerRelays(peers, srv.shares.viewers)
+            q, source = await srv.relays.subscribe(watch), srv.relays
+            headers["X-Simulserve-Relayed"] = "1"
         if not isinstance(q, asyncio.Queue):
+            headers.pop("X-Simulserve-Relayed", None)
             return JSONResponse({"error": q}, status_code=404 if q == NO_FEED else 503, headers=headers)
-        return StreamingResponse(_sse(srv, watch, q), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(_sse(source, watch, q), media_type="text/event-stream", headers=headers)
 
     if extend is not None:
         extend(app, srv)
@@ -322,9 +321,9 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
     return app
 
 
-async def _sse(srv: ServerState, watch: str, q: asyncio.Queue):
+async def _sse(source, watch: str, q: asyncio.Queue):
     """A viewer's events until its feed ends, it falls behind, or the server stops; comments keep it open
-    (Viewers.keep_alive_forever)."""
+    (Viewers.keep_alive_forever). `source` (the server's shares, or its PeerRelays) forgets the viewer after."""
     try:
         while True:
             item = await q.get()
@@ -334,17 +333,7 @@ async def _sse(srv: ServerState, watch: str, q: asyncio.Queue):
             if item[1]:
                 return
     finally:
-        srv.shares.unsubscribe(watch, q)
-
-
-async def _relayed(srv: ServerState, feed):
-    """A peer's feed, relayed to a viewer until it ends, the viewer goes, or the server stops (which closes it)."""
-    try:
-        async for chunk in feed.body():
-            yield chunk
-    finally:
-        feed.close()
-        srv.shares.viewers.remove_relay(feed)
+        source.unsubscribe(watch, q)
 
 
 async def serve_stream(ws: WebSocket, srv: ServerState) -> None:

@@ -150,7 +150,7 @@ class Viewers:
         self.count = 0
         self.most = most                     # max_viewers
         self.full = f"this server process serves at most {most} viewers"
-        self.relays: set = set()             # viewers relayed another replica's feed (server/share_relay.py)
+        self.relays: set = set()             # peers' feeds followed for viewers here (server/share_relay.py)
         self.stopped = False
         self.gauge = gauge                   # simulserve_viewers
 
@@ -168,19 +168,6 @@ class Viewers:
         self._counted(1)
         return q
 
-    def add_relay(self, feed) -> bool:
-        """A viewer relayed a peer's feed: counted as a viewer, closed when the server stops."""
-        if self.stopped or self.count >= self.most:
-            return False
-        self.relays.add(feed)
-        self._counted(1)
-        return True
-
-    def remove_relay(self, feed) -> None:
-        if feed in self.relays:
-            self.relays.discard(feed)
-            self._counted(-1)
-
     def remove(self, watch: str, q: asyncio.Queue) -> bool:
         """Forget a viewer; True if it was the feed's last one here."""
         qs = self.by_watch.get(watch)
@@ -192,6 +179,14 @@ class Viewers:
             del self.by_watch[watch]
             return True
         return False
+
+    def close(self, watch: str) -> None:
+        """End the responses of a feed's viewers without an event (its pages reconnect and look for it again)."""
+        for q in list(self.by_watch.get(watch, ())):
+            self.remove(watch, q)
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(None)
 
     def deliver(self, watch: str, event: dict) -> None:
         self._put(list(self.by_watch.get(watch, ())), sse(event), watch)

@@ -346,6 +346,79 @@ def test_a_replica_relays_a_feed_its_peer_holds(trained):
             c.__exit__(None, None, None)
 
 
+def test_a_replica_follows_a_peer_feed_once_for_all_its_viewers(trained):
+    """Three viewers of one feed on the replica without the speaker: one connection to the peer (its viewers'
+    gauge says 1), each viewer every event; the last viewer gone, the connection closes; a peer that goes away
+    mid-feed ends the viewers' responses without an end (their pages reconnect and look again)."""
+    models = {"waitk": str(trained["waitk"])}
+    a = LiveServer(models=models).__enter__()
+    try:
+        with LiveServer(models=models, share_peers=[f"127.0.0.1:{a.port}"]) as b:
+            async def go():
+                async with connect(a.url) as ws:
+                    await ws.send(json.dumps({**START, "share": True}))
+                    watch = json.loads(await ws.recv())["share"]["watch"]
+                    viewers = [Viewer(b.http, watch).started() for _ in range(3)]
+                    assert all(v.status == 200 and v.relayed for v in viewers)
+                    assert a.metric("simulserve_viewers") == 1 and b.metric("simulserve_viewers") == 3
+                    await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
+                    await ws.send(json.dumps({"type": "end_stream"}))
+                    words = []
+                    while (msg := json.loads(await ws.recv()))["type"] != "end":
+                        words += [msg] if msg["type"] == "word" else []
+                return viewers, words
+            viewers, words = asyncio.run(go())
+            for v in viewers:
+                v.join(30)
+                assert not v.is_alive() and v.events[-1] == {"lines": lines_of(words)[-1], "ended": True}
+                assert [e["lines"] for e in v.events] == [[]] + lines_of(words) + [lines_of(words)[-1]]
+            assert a.wait_metric("simulserve_viewers", 0) == 0 and b.wait_metric("simulserve_viewers", 0) == 0
+            # viewers who leave: the last one gone, the peer's connection is closed
+            ready, _ = asyncio.run(speak(a.url, [], start={**START, "share": True}, end=False))   # (120 s grace)
+            watch = ready["share"]["watch"]
+            with httpx.Client(timeout=30) as http:
+                opened = [http.stream("GET", f"{b.http}/watch/{watch}/events") for _ in range(2)]
+                lines = [o.__enter__().iter_lines() for o in opened]   # (kept: a dropped iterator closes)
+                assert [next(r) for r in lines] == ['data: {"lines": [], "ended": false}'] * 2
+                assert a.metric("simulserve_viewers") == 1
+                for o in opened:
+                    o.__exit__(None, None, None)
+                assert b.wait_metric("simulserve_viewers", 0) == 0 and a.wait_metric("simulserve_viewers", 0) == 0
+            # the peer stops: the viewers' responses end, with no `ended` event
+            viewers = [Viewer(b.http, watch).started() for _ in range(2)]
+            assert all(v.status == 200 for v in viewers) and a.metric("simulserve_viewers") == 1
+            a.__exit__(None, None, None)
+            for v in viewers:
+                v.join(10)
+                assert not v.is_alive() and v.events == [{"lines": [], "ended": False}]
+            assert b.wait_metric("simulserve_viewers", 0) == 0
+            assert Viewer(b.http, watch).started().status == 404
+    finally:
+        a.__exit__(None, None, None)
+
+
+def test_a_viewer_gone_while_its_replica_looks_for_the_feed_leaves_no_follow(trained):
+    """The first viewer of a peer's feed leaves while its replica asks the peers: the follow that the search
+    opens has no viewer, and is closed (the peer's viewers' gauge back to 0)."""
+    from server.share import Viewers
+    from server.share_relay import PeerRelays
+    with LiveServer(models={"waitk": str(trained["waitk"])}) as a:
+        ready, _ = asyncio.run(speak(a.url, [], start={**START, "share": True}, end=False))
+        relays = PeerRelays([f"127.0.0.1:{a.port}"], Viewers(10))
+
+        async def go():
+            viewer = asyncio.create_task(relays.subscribe(ready["share"]["watch"]))
+            await asyncio.sleep(0)                       # (it asks the peers)
+            viewer.cancel()
+            while relays.opening:
+                await asyncio.sleep(0.01)
+            assert not relays.follows and viewer.cancelled()
+            for _ in range(100):                         # (the follower's close reaches the peer)
+                await asyncio.sleep(0.01)
+        asyncio.run(go())
+        assert a.wait_metric("simulserve_viewers", 0) == 0
+
+
 def test_a_silent_peer_does_not_hold_a_relayed_viewer_up(trained, monkeypatch):
     """A peer that takes the connection and never answers (a hung replica): the viewer is relayed from the one
     that has the feed as soon as it answers, not after the silent one's time-out."""
