@@ -13,7 +13,7 @@ import logging
 import time
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import RayActorError, RayError
 
 from server.share import NO_FEED, NO_SHARING, ShareError, ShareHub, Viewers
 
@@ -122,12 +122,26 @@ class RayShares:
             self._actor = shared_feeds(self.grace_s, self.namespace)
         return self._actor
 
+    async def _ask(self, method: str, *args):
+        """An answered call to the actor. If it is gone (its node lost), the call goes once more to a new one,
+        made by the first replica that asks (get_if_exists), whose feeds start empty: a share or a viewer that
+        comes after the loss is served at once, not refused once for every replica that held the old handle."""
+        for attempt in (1, 2):
+            actor = self.actor
+            try:
+                return await getattr(actor, method).remote(*args)
+            except RayActorError:
+                if self._actor is actor:
+                    self._actor = None
+                if attempt == 2:
+                    raise
+
     async def open(self, key: str | None) -> tuple[str, str]:
         if not self.viewers.most:
             raise ShareError(NO_SHARING)
         try:
-            got = await self.actor.open.remote(key)
-        except RayError as e:    # (its node lost: the next call makes a new one, whose feeds start empty)
+            got = await self._ask("open", key)
+        except RayError as e:
             self._actor = None
             raise ShareError(f"the shared captions' actor did not answer: {type(e).__name__}") from None
         if isinstance(got, str):
@@ -151,7 +165,7 @@ class RayShares:
         first = self.latest.get(watch)
         if first is None:        # this replica's first viewer of it
             try:
-                first = await self.actor.latest.remote(watch)
+                first = await self._ask("latest", watch)
             except RayError:
                 self._actor = None
                 first = None

@@ -5,7 +5,8 @@ Through Ray's proxy, 24 concurrent streams (every policy) each equal `simulserve
 replica's health and metrics are reachable, and the metrics count exactly the sentences of the streams the
 replica served. Then one replica's process is killed mid-stream: exactly its streams get a reconnect
 close code and `simulserve stream` resumes them (on the other replica), translations unchanged; the other
-streams see nothing; Serve replaces the replica. A second deployment autoscales from 1 to 2 replicas on
+streams see nothing; Serve replaces the replica. Shared captions reach viewers on both replicas, also
+right after the feeds' actor is killed. A second deployment autoscales from 1 to 2 replicas on
 open streams. Each time the command is stopped with Ctrl-C, and at the end the cluster is shut down: no
 process of it is left (the test checks every process that carries its marker).
 About 95 s here once the tiny models are trained (the cluster's start is 20 s of it).
@@ -267,6 +268,31 @@ def check_shared_captions_across_replicas(serve: ServeRay, reps: list[dict]) -> 
     assert Viewer(serve.http, ready["share"]["watch"]).started().status == 404   # ended, on any replica
 
 
+KILL_SHARES = """
+import sys, time, ray
+ray.init(address=sys.argv[1], namespace=sys.argv[2], log_to_driver=False)
+ray.kill(ray.get_actor(sys.argv[3]))
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:      # its name is free once it is dead
+    try:
+        ray.get_actor(sys.argv[3])
+    except ValueError:
+        break
+    time.sleep(0.2)
+else:
+    sys.exit("the actor did not die")
+"""
+
+
+def kill_shares_actor(cluster: LocalCluster) -> None:
+    """The shared captions' actor killed, as if its node were lost (server/ray_shares.py)."""
+    from server.ray_serve import NAMESPACE
+    from server.ray_shares import SHARES
+    r = subprocess.run([sys.executable, "-c", KILL_SHARES, cluster.address, NAMESPACE, SHARES], env=cluster.env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 @pytest.mark.slow
 @in_own_netns
 def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster, trained):
@@ -309,6 +335,9 @@ def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster,
         assert set(served) == set(before), f"one replica served every stream: {served}"
         for r in reps:           # each replica's metrics count exactly the sentences it served
             assert sentences_served(r) - before[r["replica"]] == served[r["replica"]]
+        check_shared_captions_across_replicas(serve, reps)
+        # the actor lost: the next share and its viewers on either replica are served at once, by a new one
+        kill_shares_actor(cluster)
         check_shared_captions_across_replicas(serve, reps)
 
         # kill one replica mid-stream: only its streams reconnect, and finish unchanged
