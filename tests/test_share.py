@@ -106,6 +106,16 @@ async def speak(url: str, messages: list[dict], start: dict = START, end: bool =
         return ready, words
 
 
+async def say_and_end(ws, words=("haus", "baum", "licht.", "wald")) -> list[dict]:
+    """The shared speaker's last words and end_stream on its open websocket; its `word` messages until `end`."""
+    await ws.send(json.dumps({"type": "words", "words": list(words)}))
+    await ws.send(json.dumps({"type": "end_stream"}))
+    got = []
+    while (msg := json.loads(await ws.recv()))["type"] != "end":
+        got += [msg] if msg["type"] == "word" else []
+    return got
+
+
 def check_shared_stream(srv, viewers: int = 2, fronts: int = 1) -> list:
     """The speaker shares; viewers watch from the start (at least `viewers`, on `fronts` front ends) and one joins
     late; a lost connection is carried on with the key; `end` ends the feed for everyone."""
@@ -320,11 +330,7 @@ def test_a_replica_relays_a_feed_its_peer_holds(trained):
                 assert viewer.status == 200 and a.metric("simulserve_viewers") == 1   # (its relay, on a)
                 again = httpx.get(f"{b.http}/watch/{watch}/events", headers={"X-Simulserve-Relay": "1"})
                 assert again.status_code == 404                                      # b's own feeds only
-                await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
-                await ws.send(json.dumps({"type": "end_stream"}))
-                words = []
-                while (msg := json.loads(await ws.recv()))["type"] != "end":
-                    words += [msg] if msg["type"] == "word" else []
+                words = await say_and_end(ws)
             return viewer, words
         viewer, words = asyncio.run(go())
         viewer.join(30)
@@ -361,11 +367,7 @@ def test_a_replica_follows_a_peer_feed_once_for_all_its_viewers(trained):
                     viewers = [Viewer(b.http, watch).started() for _ in range(3)]
                     assert all(v.status == 200 and v.relayed for v in viewers)
                     assert a.metric("simulserve_viewers") == 1 and b.metric("simulserve_viewers") == 3
-                    await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
-                    await ws.send(json.dumps({"type": "end_stream"}))
-                    words = []
-                    while (msg := json.loads(await ws.recv()))["type"] != "end":
-                        words += [msg] if msg["type"] == "word" else []
+                    words = await say_and_end(ws)
                 return viewers, words
             viewers, words = asyncio.run(go())
             for v in viewers:
@@ -459,11 +461,7 @@ def test_viewers_through_nginx_reach_either_replica(trained, nginx_front):
                 while {v.relayed for v in viewers} != {True, False}:
                     viewers.append(Viewer(front, watch).started())
                     assert viewers[-1].status == 200 and len(viewers) < 20
-                await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht.", "wald"]}))
-                await ws.send(json.dumps({"type": "end_stream"}))
-                words = []
-                while (msg := json.loads(await ws.recv()))["type"] != "end":
-                    words += [msg] if msg["type"] == "word" else []
+                words = await say_and_end(ws)
             return viewers, words
         viewers, words = asyncio.run(go())
         for v in viewers:
