@@ -5,6 +5,10 @@ feeds live in one named actor of the cluster (`SharedFeeds`, the ShareHub of ser
 the primary engine process behind `--workers`: each replica tells it every word of its shared streams, and a
 replica with viewers of a feed follows that feed's events with a long poll (one call waiting at a time, per
 feed and replica), which it hands to its viewers. Viewers stay on the replica they reached.
+
+The actor is one process. If it is lost (its node gone), the first replica to call makes a new one, and each
+replica carries its own speakers' feeds on into it (`adopt`: the same keys and watch tokens), within LOOK_S of
+the loss; followers wait up to ADOPT_WAIT_S for their feed to come back before they tell their viewers it ended.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ SHARES = "simulserve-shares"    # the named actor, in the deployment's namespace
 FOLLOW_WAIT_S = 10.0            # a follower's poll returns after this long without an event (then looks again)
 ENDED_KEPT_S = 60.0             # an ended feed's last event stays this long for followers that were waiting
 GONE = "gone"
+LOOK_S = 1.0                    # a replica that carries shared streams asks the actor this often whether it is there
+ADOPT_WAIT_S = 5.0              # a follower whose actor was lost waits this long for its feed to be carried on
 
 
 @ray.remote(num_cpus=0)
@@ -64,16 +70,24 @@ class SharedFeeds:
         self.events.setdefault(watch, (0, self.hub.last(watch)))
         return key, watch
 
-    async def word(self, key: str, sentence: int, text: str) -> None:
+    async def adopt(self, key: str, watch: str) -> bool:
+        """A feed of a lost actor, carried on by the replica whose stream carries it (ShareHub.adopt)."""
         self._started()
-        self.hub.word(key, sentence, text)
+        if not self.hub.adopt(key, watch):
+            return False
+        self.events.setdefault(watch, (0, self.hub.last(watch)))
+        return True
 
-    async def sentence(self, key: str, sentence: int) -> None:
-        self.hub.sentence(key, sentence)
+    async def here(self) -> bool:
+        return True
 
-    async def left(self, key: str, ended: bool) -> None:
+    async def apply(self, ops: list[tuple]) -> None:
+        """A replica's words, sentence ends and departures, in the order its streams made them: ("word", key,
+        sentence, text), ("sentence", key, sentence), ("left", key, ended). (An async actor's calls may run in
+        any order, so a replica sends its next batch only once this one is applied: RayShares._send.)"""
         self._started()
-        self.hub.left(key, ended)
+        for op in ops:
+            getattr(self.hub, op[0])(*op[1:])
 
     async def latest(self, watch: str):
         """(event number, latest event) of a live feed, or None."""
@@ -111,10 +125,13 @@ class RayShares:
     def __init__(self, limits, metrics, namespace: str) -> None:
         self.viewers = Viewers(limits.max_viewers, metrics.viewers)
         self.grace_s, self.namespace, self.gauge = limits.share_grace_s, namespace, metrics.shared_feeds
-        self.carried: set[str] = set()
+        self.carried: dict[str, str] = {}     # share key -> watch token, of this replica's streams
         self.latest: dict[str, tuple[int, dict]] = {}   # watch -> latest event, while this replica follows it
         self.followers: dict[str, asyncio.Task] = {}
         self._actor = None
+        self.generation = 0
+        self.outbox: list[tuple] = []          # ops for the actor's `apply`, in order, not yet sent
+        self.sending: asyncio.Task | None = None
 
     @property
     def actor(self):
@@ -123,22 +140,38 @@ class RayShares:
         return self._actor
 
     async def _ask(self, method: str, *args):
-        """An answered call to the actor. If it is gone (its node lost), the call goes once more to a new one,
-        made by the first replica that asks (get_if_exists), whose feeds start empty: a share or a viewer that
-        comes after the loss is served at once, not refused once for every replica that held the old handle."""
+        """An answered call to the actor. If it is gone (its node lost), the call goes once more, to a new one
+        (`_lost`): a share or a viewer that comes after the loss is served at once."""
         for attempt in (1, 2):
             actor = self.actor
             try:
                 return await getattr(actor, method).remote(*args)
             except RayActorError:
-                if self._actor is actor:
-                    self._actor = None
                 if attempt == 2:
                     raise
+                await self._lost(actor)
+
+    async def _lost(self, actor) -> None:
+        """`actor` is gone: if it is still this replica's handle, a new actor (the first call makes it), into
+        which this replica's feeds are carried on. `generation` counts the losses: event numbers start again."""
+        if self._actor is not actor:
+            return
+        self._actor = None
+        self.generation += 1
+        carried = list(self.carried.items())
+        log.warning("the shared captions' actor was lost: %d feed(s) of this replica's streams carried on into a "
+                    "new one", len(carried))
+        actor = self.actor
+        for key, watch in carried:
+            try:
+                await actor.adopt.remote(key, watch)
+            except RayError:
+                return
 
     async def open(self, key: str | None) -> tuple[str, str]:
         if not self.viewers.most:
             raise ShareError(NO_SHARING)
+        await self._flush()      # (a key carried on after its stream left: the actor has its `left` first)
         try:
             got = await self._ask("open", key)
         except RayError as e:
@@ -146,20 +179,39 @@ class RayShares:
             raise ShareError(f"the shared captions' actor did not answer: {type(e).__name__}") from None
         if isinstance(got, str):
             raise ShareError(got)
-        self.carried.add(got[0])
+        self.carried[got[0]] = got[1]
         self.gauge.set(len(self.carried))
         return tuple(got)
 
     def word(self, key: str, sentence: int, text: str) -> None:
-        self.actor.word.remote(key, sentence, text)
+        self._tell(("word", key, sentence, text))
 
     def sentence(self, key: str, sentence: int) -> None:
-        self.actor.sentence.remote(key, sentence)
+        self._tell(("sentence", key, sentence))
 
     def left(self, key: str, ended: bool) -> None:
-        self.actor.left.remote(key, ended)
-        self.carried.discard(key)
+        self._tell(("left", key, ended))
+        self.carried.pop(key, None)
         self.gauge.set(len(self.carried))
+
+    def _tell(self, op: tuple) -> None:
+        self.outbox.append(op)
+        if self.sending is None or self.sending.done():
+            self.sending = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        """The outbox to the actor, one call at a time (what comes meanwhile goes in the next): in order."""
+        while self.outbox:
+            ops, self.outbox = self.outbox, []
+            try:
+                await self._ask("apply", ops)
+            except RayError as e:
+                log.warning("the shared captions' actor did not answer (%s): %d word(s) of shared streams lost",
+                            type(e).__name__, sum(op[0] == "word" for op in ops))
+
+    async def _flush(self) -> None:
+        while self.sending is not None and not self.sending.done():
+            await asyncio.shield(self.sending)
 
     async def subscribe(self, watch: str) -> asyncio.Queue | str:
         first = self.latest.get(watch)
@@ -186,15 +238,23 @@ class RayShares:
         """The feed's events to this replica's viewers of it, while it has any."""
         try:
             while watch in self.viewers.by_watch:
+                generation, actor = self.generation, self.actor
                 try:
-                    got = await self.actor.after.remote(watch, self.latest[watch][0], FOLLOW_WAIT_S)
+                    got = await actor.after.remote(watch, self.latest[watch][0], FOLLOW_WAIT_S)
+                except RayActorError:
+                    await self._lost(actor)
+                    got = GONE
                 except RayError as e:
-                    log.warning("the shared captions' actor did not answer (%s): feed %s ended for its viewers "
-                                "here", type(e).__name__, watch)
+                    log.warning("the shared captions' actor did not answer (%s)", type(e).__name__)
                     self._actor, got = None, GONE
+                if self.generation != generation:   # (lost meanwhile: the new actor numbers its events anew)
+                    got = GONE
                 if got is None:
                     continue
-                if got == GONE:    # (the actor lost it): the viewers are told it has ended
+                if got == GONE and await self._found_again(watch):
+                    continue
+                if got == GONE:    # (the actor lost it, and no replica carried it on): the viewers are told
+                    log.warning("feed %s ended for its viewers here: the shared captions' actor lost it", watch)
                     got = (self.latest[watch][0] + 1, {**self.latest[watch][1], "ended": True})
                 self.latest[watch] = got
                 self.viewers.deliver(watch, got[1])
@@ -204,6 +264,30 @@ class RayShares:
             self.followers.pop(watch, None)
             self.latest.pop(watch, None)
 
+    async def _found_again(self, watch: str) -> bool:
+        """A feed the actor does not know (a new actor, after a loss): True once the replica that carries it has
+        carried it on (within ADOPT_WAIT_S); its number is then the new actor's, and its viewers keep what they
+        show until its next event."""
+        deadline = time.monotonic() + ADOPT_WAIT_S
+        while time.monotonic() < deadline and watch in self.viewers.by_watch:
+            try:
+                got = await self._ask("latest", watch)
+            except RayError:
+                got = None
+            if got is not None:
+                self.latest[watch] = (got[0], self.latest[watch][1])
+                return True
+            await asyncio.sleep(0.25)
+        return False
+
     async def expire_forever(self) -> None:
-        """(the actor expires the feeds)"""
-        await asyncio.Event().wait()
+        """(the actor expires the feeds.) While this replica's streams carry feeds, it asks every LOOK_S whether
+        the actor is there: a lost one is replaced and its feeds carried on (`_ask`) even if no viewer or share
+        asks before the next word."""
+        while True:
+            await asyncio.sleep(LOOK_S)
+            if self.carried:
+                try:
+                    await self._ask("here")
+                except RayError:
+                    pass

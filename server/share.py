@@ -76,6 +76,15 @@ class ShareHub:
         self._send(feed, feed.lines.shown())
         return key, feed.watch
 
+    def adopt(self, key: str, watch: str) -> bool:
+        """A feed that another hub held (one that was lost: server/ray_shares.py), carried on here under the same
+        key and watch token by the stream that carries it; its lines start again from the next word."""
+        if key in self.feeds or watch in self.keys:
+            return False
+        self.feeds[key], self.keys[watch] = Feed(watch), key
+        self._count()
+        return True
+
     def word(self, key: str, sentence: int, text: str) -> None:
         feed = self.feeds.get(key)
         if feed is not None:

@@ -6,9 +6,10 @@ replica's health and metrics are reachable, and the metrics count exactly the se
 replica served. Then one replica's process is killed mid-stream: exactly its streams get a reconnect
 close code and `simulserve stream` resumes them (on the other replica), translations unchanged; the other
 streams see nothing; Serve replaces the replica. Shared captions reach viewers on both replicas, also
-right after the feeds' actor is killed. A second deployment autoscales from 1 to 2 replicas on
-open streams. Each time the command is stopped with Ctrl-C, and at the end the cluster is shut down: no
-process of it is left (the test checks every process that carries its marker).
+after the feeds' actor is killed, and a feed shared when it is killed goes on. A second deployment
+autoscales from 1 to 2 replicas on open streams. Each time the command is stopped with Ctrl-C, and at the
+end the cluster is shut down: no process of it is left (the test checks every process that carries its
+marker).
 About 95 s here once the tiny models are trained (the cluster's start is 20 s of it).
 
 Ray's nodes talk to each other over the machine's own network address and listen on every interface,
@@ -281,16 +282,57 @@ while time.monotonic() < deadline:      # its name is free once it is dead
     time.sleep(0.2)
 else:
     sys.exit("the actor did not die")
+while len(sys.argv) > 4 and time.monotonic() < deadline:   # a replica carries the feed on into a new actor
+    try:
+        if ray.get(ray.get_actor(sys.argv[3]).latest.remote(sys.argv[4])) is not None:
+            break
+    except ValueError:
+        pass
+    time.sleep(0.2)
+else:
+    if len(sys.argv) > 4:
+        sys.exit("the feed was not carried on")
 """
 
 
-def kill_shares_actor(cluster: LocalCluster) -> None:
-    """The shared captions' actor killed, as if its node were lost (server/ray_shares.py)."""
+def kill_shares_actor(cluster: LocalCluster, carried: str | None = None) -> None:
+    """The shared captions' actor killed, as if its node were lost (server/ray_shares.py); with `carried` (a
+    watch token), until a new actor holds that feed."""
     from server.ray_serve import NAMESPACE
     from server.ray_shares import SHARES
-    r = subprocess.run([sys.executable, "-c", KILL_SHARES, cluster.address, NAMESPACE, SHARES], env=cluster.env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", KILL_SHARES, cluster.address, NAMESPACE, SHARES,
+                        *([carried] if carried else [])], env=cluster.env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def check_a_shared_feed_outlives_its_actor(cluster: LocalCluster, serve: ServeRay) -> None:
+    """A speaker shares, with viewers on both replicas; the actor is killed between two sentences. The speaker's
+    replica carries the feed on into a new one (same watch token), and every viewer gets the next sentence's
+    roll-up and the end, none an early end (the lines start again after the loss)."""
+    import json
+    from test_share import Viewer, lines_of, say_and_end
+    from websockets.asyncio.client import connect
+
+    async def speaker():
+        async with connect(serve.url) as ws:
+            await ws.send(json.dumps({"type": "start", "model": "waitk", "k": 2, "share": True}))
+            watch = json.loads(await ws.recv())["share"]["watch"]
+            viewers = []
+            while len({v.server for v in viewers}) < 2:
+                viewers.append(Viewer(serve.http, watch).started())
+                assert viewers[-1].status == 200 and len(viewers) < 40, [v.server for v in viewers]
+            await ws.send(json.dumps({"type": "words", "words": ["haus", "baum", "licht"]}))
+            await ws.send(json.dumps({"type": "end_sentence"}))
+            while json.loads(await ws.recv())["type"] != "sentence":
+                pass
+            await asyncio.to_thread(kill_shares_actor, cluster, watch)
+            return viewers, await say_and_end(ws, ["wald", "stein", "berg"])
+    viewers, words = asyncio.run(speaker())
+    assert words and {w["sentence"] for w in words} == {1}
+    for v in viewers:
+        v.join(30)
+        assert not v.is_alive() and v.events[-1] == {"lines": lines_of(words)[-1], "ended": True}, v.events
+        assert not any(e["ended"] for e in v.events[:-1]), (v.server, v.events)
 
 
 @pytest.mark.slow
@@ -336,9 +378,11 @@ def test_ray_replicas_stream_equal_translate_and_survive_a_replica_kill(cluster,
         for r in reps:           # each replica's metrics count exactly the sentences it served
             assert sentences_served(r) - before[r["replica"]] == served[r["replica"]]
         check_shared_captions_across_replicas(serve, reps)
-        # the actor lost: the next share and its viewers on either replica are served at once, by a new one
+        # the actor lost: the next share and its viewers on either replica are served at once, by a new one,
+        # and a feed shared when it was lost goes on in the new one
         kill_shares_actor(cluster)
         check_shared_captions_across_replicas(serve, reps)
+        check_a_shared_feed_outlives_its_actor(cluster, serve)
 
         # kill one replica mid-stream: only its streams reconnect, and finish unchanged
         lines = [[s for s, _ in make_pairs(5, min_len=4, max_len=8, seed=100 + i)] for i in range(8)]

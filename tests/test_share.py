@@ -54,6 +54,14 @@ def test_the_hub_rolls_lines_up_carries_a_feed_on_and_ends_it():
     other, _ = hub.open(None)
     hub.left(other, ended=True)                          # a stream's `end` ends its feed at once
     assert sent[-1][1]["ended"] and not hub.feeds
+    # a feed another hub held, carried on here (server/ray_shares.py after its actor was lost): the same key and
+    # watch token, its lines from the next word on; a key or token this hub knows is not taken over
+    assert hub.adopt("k1", "w1") and hub.last("w1") == {"lines": [], "ended": False}
+    assert not hub.adopt("k1", "w2") and not hub.adopt("k2", "w1")
+    hub.word("k1", 3, "Weiter")
+    assert sent[-1] == ("w1", {"lines": ["Weiter"], "ended": False})
+    with pytest.raises(ShareError, match="still open"):
+        hub.open("k1")
 
 
 class Viewer(threading.Thread):
