@@ -132,6 +132,7 @@ class RayShares:
         self.generation = 0
         self.outbox: list[tuple] = []          # ops for the actor's `apply`, in order, not yet sent
         self.sending: asyncio.Task | None = None
+        self.carrying: asyncio.Future | None = None   # the carry-on into a new actor, while it runs (`_lost`)
 
     @property
     def actor(self):
@@ -143,6 +144,8 @@ class RayShares:
         """An answered call to the actor. If it is gone (its node lost), the call goes once more, to a new one
         (`_lost`): a share or a viewer that comes after the loss is served at once."""
         for attempt in (1, 2):
+            if self.carrying is not None and not self.carrying.done():   # (its words after the carried feeds)
+                await asyncio.shield(self.carrying)
             actor = self.actor
             try:
                 return await getattr(actor, method).remote(*args)
@@ -153,11 +156,16 @@ class RayShares:
 
     async def _lost(self, actor) -> None:
         """`actor` is gone: if it is still this replica's handle, a new actor (the first call makes it), into
-        which this replica's feeds are carried on. `generation` counts the losses: event numbers start again."""
-        if self._actor is not actor:
-            return
-        self._actor = None
-        self.generation += 1
+        which this replica's feeds are carried on before any other call of this replica reaches it.
+        `generation` counts the losses: the new actor numbers its events anew."""
+        if self._actor is actor:
+            self._actor = None
+            self.generation += 1
+            self.carrying = asyncio.ensure_future(self._carry_on())
+        if self.carrying is not None:
+            await asyncio.shield(self.carrying)
+
+    async def _carry_on(self) -> None:
         carried = list(self.carried.items())
         log.warning("the shared captions' actor was lost: %d feed(s) of this replica's streams carried on into a "
                     "new one", len(carried))
