@@ -303,10 +303,10 @@ def create_app(settings: ServerSettings | None = None, *, wait_for_models: bool 
             if srv.relays is None:
                 srv.relays = PeerRelays(peers, srv.shares.viewers)
             q, source = await srv.relays.subscribe(watch), srv.relays
-            headers["X-Simulserve-Relayed"] = "1"
         if not isinstance(q, asyncio.Queue):
-            headers.pop("X-Simulserve-Relayed", None)
             return JSONResponse({"error": q}, status_code=404 if q == NO_FEED else 503, headers=headers)
+        if source is srv.relays:
+            headers["X-Simulserve-Relayed"] = "1"
         return StreamingResponse(_sse(source, watch, q), media_type="text/event-stream", headers=headers)
 
     if extend is not None:

@@ -159,7 +159,7 @@ class Viewers:
         self.count = 0
         self.most = most                     # max_viewers
         self.full = f"this server process serves at most {most} viewers"
-        self.relays: set = set()             # peers' feeds followed for viewers here (server/share_relay.py)
+        self.on_stop: list[Callable[[], None]] = []   # run when the server stops (share_relay.PeerRelays.stop)
         self.stopped = False
         self.gauge = gauge                   # simulserve_viewers
 
@@ -192,10 +192,13 @@ class Viewers:
     def close(self, watch: str) -> None:
         """End the responses of a feed's viewers without an event (its pages reconnect and look for it again)."""
         for q in list(self.by_watch.get(watch, ())):
-            self.remove(watch, q)
-            if q.full():
-                q.get_nowait()
-            q.put_nowait(None)
+            self._drop(watch, q)
+
+    def _drop(self, watch: str, q: asyncio.Queue) -> None:
+        self.remove(watch, q)
+        if q.full():
+            q.get_nowait()
+        q.put_nowait(None)
 
     def deliver(self, watch: str, event: dict) -> None:
         self._put(list(self.by_watch.get(watch, ())), sse(event), watch)
@@ -205,11 +208,8 @@ class Viewers:
             try:
                 q.put_nowait(item)
             except asyncio.QueueFull:          # a viewer that does not read: closed (its page reconnects)
-                if watch is None:              # (a keep-alive: the queue holds enough to send)
-                    continue
-                self.remove(watch, q)
-                q.get_nowait()
-                q.put_nowait(None)
+                if watch is not None:          # (a keep-alive: the queue holds enough to send)
+                    self._drop(watch, q)
 
     async def keep_alive_forever(self) -> None:
         """An SSE comment to every viewer every KEEPALIVE_S: proxies do not close an idle feed."""
@@ -220,8 +220,8 @@ class Viewers:
     def stop(self) -> None:
         """The server is stopping: every viewer's response ends (their pages find the feed gone)."""
         self.stopped = True
-        for feed in self.relays:
-            feed.close()
+        for stop in self.on_stop:
+            stop()
         for qs in self.by_watch.values():
             for q in qs:
                 while not q.empty():

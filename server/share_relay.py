@@ -156,6 +156,7 @@ class PeerRelays:
         self.follows: dict[str, Follow] = {}            # watch token -> the feed followed
         self.opening: dict[str, asyncio.Task] = {}      # watch token -> its first viewer's search of the peers
         self.tasks: set[asyncio.Task] = set()
+        viewers.on_stop.append(self.stop)
 
     async def subscribe(self, watch: str) -> asyncio.Queue | str:
         """A viewer's queue, its first event the feed's latest; or why not (NO_FEED, or the viewers' cap)."""
@@ -196,7 +197,6 @@ class PeerRelays:
             feed.close()
             return
         follow = self.follows[watch] = Follow(feed, first)
-        self.viewers.relays.add(feed)        # (closed if the server stops)
         task = asyncio.create_task(self._follow(watch, follow, events))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -212,11 +212,15 @@ class PeerRelays:
                     return
         finally:
             follow.feed.close()
-            self.viewers.relays.discard(follow.feed)
             if self.follows.get(watch) is follow:
                 del self.follows[watch]
                 if not ended:      # the peer went away mid-feed: the viewers' pages reconnect and look again
                     self.viewers.close(watch)
+
+    def stop(self) -> None:
+        """The server stops: every followed feed is closed (its follower ends its viewers' responses)."""
+        for follow in self.follows.values():
+            follow.feed.close()
 
     def _drop_if_unwatched(self, watch: str) -> None:
         if watch in self.follows and watch not in self.viewers.by_watch:
