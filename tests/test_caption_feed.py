@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -59,6 +60,9 @@ def test_viewers_get_the_roll_up_lines_as_words_arrive_and_late_ones_the_current
         assert [e["lines"] for e in first] == [[]] + roll + [["Good morning everyone .", "Today"]] * 2
         assert [e["ended"] for e in first] == [False] * (len(first) - 1) + [True]
         assert late[0]["lines"] == ["Good morning everyone"] and late[1:] == first[-len(late) + 1:]
+        deadline = time.monotonic() + 5   # (a viewer's thread forgets it just after writing the end, which the
+        while feed.viewers and time.monotonic() < deadline:   # client may have read before that)
+            time.sleep(0.01)
         assert feed.served == 2 and not feed.viewers
         page = httpx.get(srv.url)
         assert page.status_code == 200 and 'EventSource("events")' in page.text
