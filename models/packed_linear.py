@@ -67,6 +67,32 @@ class PackedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}"
 
 
+class GemvLinear(PackedLinear):
+    """A PackedLinear that multiplies a lone row by the weight kept as a (in, out) matrix in row order (one addmm:
+    the BLAS's matrix-vector path, MKL in PyTorch's x86 builds), and several rows as PackedLinear does.
+
+    Why: on an AVX2-only AMD EPYC (Zen 2) oneDNN's packed product of one row took 96-102 us where this took
+    40-75 (the 8000x256 output projection: 874 against 242 us), but from 4 rows on oneDNN was as fast or faster
+    (the output projection at 16 rows: 2.7 against 4.7 ms); docs/benchmarks.md, "A fourth class". A lone row's
+    last bits then differ from its bits in a batch (as F.linear's do), so this is a candidate of `--step auto`, as
+    `plain` is, and not the default, whose rows are the same alone and batched. Both layouts are kept: the
+    weights take twice the memory."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        self.register_buffer("weight_t", weight.detach().t().contiguous(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != self.in_features:
+            return super().forward(x)
+        row = x.reshape(1, self.in_features)
+        y = row @ self.weight_t if self.bias is None else torch.addmm(self.bias, row, self.weight_t)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", a lone row by the (in, out) weight"
+
+
 class FusedLinear(nn.Module):
     """Several nn.Linear of one input as one F.linear (stacked weights): one product, one kernel on a GPU, where
     they were one each; inference only."""
@@ -104,22 +130,24 @@ def fuse_projections(model: nn.Module) -> nn.Module:
     return fused
 
 
-def pack_for_inference(model: nn.Module, int8: bool = False) -> nn.Module:
+def pack_for_inference(model: nn.Module, int8: bool = False, gemv: bool = False) -> nn.Module:
     """A copy of `model` (in eval mode) with every nn.Linear packed; on CUDA a copy with its projections fused
     (`fuse_projections`); elsewhere, where packing is not available for its device and dtype, `model` itself.
 
     int8: the attention projections and feed-forward layers (where nearly all weight bytes
     are) get int8 weights (models/int8_linear.py); every other linear, such as GMA's step
-    predictor, which decides READ or WRITE, stays packed fp32."""
+    predictor, which decides READ or WRITE, stays packed fp32.
+    gemv: every linear a GemvLinear (packed, and a lone row by the unpacked weight)."""
     p = next(model.parameters())
     if not packing_available(p.device, p.dtype):
         # (int8 never gets here off the CPU: StepForm.resolve refuses it)
         return fuse_projections(model) if p.device.type == "cuda" else model
     packed = copy.deepcopy(model).eval()
-    big = Int8Linear if int8 else PackedLinear
+    fp32 = GemvLinear if gemv else PackedLinear
+    big = Int8Linear if int8 else fp32
     _fuse(packed, big)   # projections of one input fused into one product (fewer, larger calls)
     for module in list(packed.modules()):
-        make = big if isinstance(module, (MultiHeadAttention, FeedForward)) else PackedLinear
+        make = big if isinstance(module, (MultiHeadAttention, FeedForward)) else fp32
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, make(child.weight, child.bias))

@@ -21,7 +21,8 @@ from models.decode_io import DecodeInput, DecodeOutput
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.graph_inputs import Readback
 from models.int8_linear import Int8Linear
-from models.packed_linear import PackedLinear, fuse_projections, pack_for_inference, packing_available, plain_copy
+from models.packed_linear import (GemvLinear, PackedLinear, fuse_projections, pack_for_inference, packing_available,
+                                  plain_copy)
 from models.policies import Policy, make_policy
 from models.step_form import StepForm, StepFormError, step_form
 from models.stream import (DONE, READ_OUTPUT, WRITE, SourceTooLong, StepOutput, StreamError, StreamState,
@@ -100,7 +101,7 @@ class StreamingDecoder:
         linears = self.form.linears
         self.net = (model if linears == "model" else plain_copy(model) if linears == "plain"
                     else fuse_projections(model) if linears == "fused"
-                    else pack_for_inference(model, int8=linears == "int8"))
+                    else pack_for_inference(model, int8=linears == "int8", gemv=linears == "gemv"))
         self.cfg = model.cfg
         self.tok = tokenizer
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
@@ -143,9 +144,9 @@ class StreamingDecoder:
         # the output projection (the embedding, tied) packed or int8 like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
-        packed = linears in ("packed", "int8") and packing_available(p.device, p.dtype)
-        self.out_packed = ((Int8Linear if linears == "int8" else PackedLinear)(model.embed.weight, None)
-                           if packed else None)
+        packed = linears in ("packed", "int8", "gemv") and packing_available(p.device, p.dtype)
+        out_kind = {"int8": Int8Linear, "gemv": GemvLinear}.get(linears, PackedLinear)
+        self.out_packed = out_kind(model.embed.weight, None) if packed else None
         self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
 
     def _static_shapes(self) -> None:

@@ -28,7 +28,7 @@ import torch
 from models.cpu_info import cpu_summary
 
 REFERENCE = "default"                        # float32: the form no choice may be slower than
-CANDIDATES = ("default", "int8", "plain")   # forms that passed the quality gate (float32 ones are exact)
+CANDIDATES = ("default", "int8", "gemv", "plain")   # forms that passed the quality gate (float32 ones are exact)
 BATCHES = (1, 16)                            # a lone speaker and a busy step
 SENTENCE = "Der Zug nach Berlin fährt heute wegen Bauarbeiten erst um acht Uhr vom zweiten Gleis ab ."
 

@@ -7,6 +7,8 @@ things at once, so that no combination of switches can be asked for that nobody 
 - `linears`: what runs the linear layers
     `plain`  F.linear and the explicit attention: the baseline `bench step` measures against;
     `packed` weights reordered once for oneDNN, fused projections (CPU; elsewhere the model's own);
+    `gemv`   `packed`, but a lone row multiplied by the weight in (in, out) row order (the BLAS's matrix-vector
+             path; CPU, float32): faster than oneDNN's packing for one row on some AVX2-only CPUs;
     `int8`   int8 weights and per-row int8 activations for attention and feed-forward layers,
              packed fp32 for the rest (CPU, float32 only; models/int8_linear.py);
     `fused`  the model's own linears, each input's projections fused into one product (a GPU's copy of
@@ -60,6 +62,9 @@ class StepForm:
         if self.linears == "int8" and not (int8_available(device, dtype) and packing_available(device, dtype)):
             raise StepFormError(f"step form 'int8' runs on the CPU with float32 weights only (here: {device.type}, "
                              f"{str(dtype).replace('torch.', '')}); on a GPU use --dtype bfloat16 instead")
+        if self.linears == "gemv" and not (packing_available(device, dtype) and dtype == torch.float32):
+            raise StepFormError(f"step form 'gemv' runs on the CPU in float32 only (here: {device.type}, "
+                                f"{str(dtype).replace('torch.', '')})")
         sync_free = device.type != "cpu" if self.sync_free is None else self.sync_free
         return replace(self, sync_free=sync_free or self.static_shapes)
 
@@ -91,11 +96,13 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
                      "kernels, no CUDA graphs of its own; projections fused) before they are captured: it compiles "
                      "while capturing (on the CPU: at its first steps)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
+    StepForm("gemv", "gemv", summary="default, but a lone row multiplied by the weight in (in, out) order, the "
+                                     "BLAS's matrix-vector path (CPU, float32): faster alone on some AVX2-only CPUs"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
     # the server's default: the fastest form that passed the quality gate, timed where it runs
     # (models/step_choice.py; docs/benchmarks.md, "int8 weights")
-    StepForm("auto", "auto", summary="the fastest of default, int8 and plain, timed at start-up on this machine "
-                                     "(never slower than default): the server's default"),
+    StepForm("auto", "auto", summary="the fastest of default, int8, gemv and plain, timed at start-up on this "
+                                     "machine (never slower than default): the server's default"),
 )}
 
 
@@ -108,8 +115,9 @@ def step_form(form: "str | StepForm") -> StepForm:
     return FORMS[form]
 
 
-STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, plain, timed here); "
-             "int8 (int8 weights, CPU, float32); compiled (torch.compile, CUDA graphs on CUDA); "
+STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, gemv, plain, timed "
+             "here); int8 (int8 weights, CPU, float32); gemv (default with a lone row by BLAS gemv, CPU); "
+             "compiled (torch.compile, CUDA graphs on CUDA); "
              "graphs (CUDA graphs captured at start-up); graphs-encoder (the encoder's step captured too); "
              "graphs-fused (graphs-encoder with both steps compiled by inductor first); "
              "host, sync-free, static, plain (models/step_form.py, docs/benchmarks.md)")

@@ -15,7 +15,7 @@ from models import gma
 from models.attention import MultiHeadAttention, visible_mask
 from models.benchmarks.engine import bench_fast_paths
 from models.checkpoint import CheckpointError, load_checkpoint, pick_dtype
-from models.packed_linear import PackedLinear, pack_for_inference, packing_available
+from models.packed_linear import GemvLinear, PackedLinear, pack_for_inference, packing_available
 from models.decoding import DecodingOptions
 from models.step import StreamingDecoder
 from models.data.synthetic import make_pairs
@@ -95,6 +95,28 @@ def test_packed_linear_equals_linear_and_rows_do_not_depend_on_the_batch():
 
 
 @needs_packing
+def test_gemv_linear_equals_linear_alone_and_batched():
+    """The `gemv` form's linears: a lone row by the (in, out) weight, several rows packed; both the stacked
+    linears' product, with and without a bias."""
+    torch.manual_seed(3)
+    for bias in (True, False):
+        lins = [nn.Linear(48, 80, bias=bias), nn.Linear(48, 16, bias=bias)]
+        fused = GemvLinear.of(*lins)
+        assert fused.weight_t.shape == (48, 96) and fused.weight_t.is_contiguous()
+        x = torch.randn(4, 10, 48)
+        with torch.no_grad():
+            ref = torch.cat([lin(x) for lin in lins], -1)
+            torch.testing.assert_close(fused(x), ref, atol=1e-5, rtol=1e-5)
+            for row in (x[0, :1], x[0, 0], x[:1, :1]):   # one row, whatever its leading shape
+                alone = fused(row)
+                assert alone.shape == row.shape[:-1] + (96,)
+                lone = row.reshape(1, 48)   # the matrix-vector path, not the packed product
+                by_row = torch.addmm(fused.bias, lone, fused.weight_t) if bias else lone @ fused.weight_t
+                assert torch.equal(alone.reshape(-1), by_row.reshape(-1))
+                torch.testing.assert_close(alone.reshape(-1), ref[0, 0], atol=1e-5, rtol=1e-5)
+
+
+@needs_packing
 @pytest.mark.parametrize("policy", ["offline", "waitk", "gma"])
 def test_packed_copy_leaves_the_model_alone_and_computes_the_same(policy, word_tok):
     dec = random_decoder(word_tok, policy, seed=3)
@@ -118,15 +140,27 @@ def test_packed_copy_leaves_the_model_alone_and_computes_the_same(policy, word_t
     torch.testing.assert_close(lb, la, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("form", ["default", "gemv"])
 @pytest.mark.parametrize("policy", ["offline", "waitk", "gma"])
-def test_fast_and_plain_streaming_agree(policy, trained_decoders):
-    """The same trained weights through the fast step and through the plain model
-    (F.linear, explicit attention): the baseline of `simulserve bench step`."""
+def test_fast_and_plain_streaming_agree(policy, form, trained_decoders):
+    """The same trained weights through a fast step (the default's oneDNN packing; `gemv`, whose lone rows take
+    the BLAS's matrix-vector path) and through the plain model (F.linear, explicit attention): the baseline of
+    `simulserve bench step`. simulate steps 16 streams together, then their tails alone."""
     dec = trained_decoders[policy]
+    if form != "default":
+        if not packing_available(torch.device("cpu"), torch.float32):
+            pytest.skip("oneDNN packed linears are not available in this torch build")
+        dec = StreamingDecoder(dec.model, dec.tok, form=form)
+        assert isinstance(dec.out_packed, GemvLinear)
+        linears = [m for m in dec.net.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+        assert linears and all(isinstance(m, GemvLinear) for m in linears)
+        assert dec.net.fused_cross_kv is not None   # projections of one input fused, as the default's
     plain = StreamingDecoder(dec.model, dec.tok, form="plain")
     assert all(not m.fused_kernel for m in plain.net.modules() if isinstance(m, MultiHeadAttention))
     sentences = [s for s, _ in make_pairs(20, seed=31)]
     fast, slow = simulate(dec, sentences), simulate(plain, sentences)
+    if form != "default":   # and one stream at a time: every row a lone one
+        assert [r.prediction for r in simulate(dec, sentences[:6], batch_size=1)] == [r.prediction for r in slow[:6]]
     assert [(r.prediction, r.token_delays) for r in fast] == [(r.prediction, r.token_delays) for r in slow]
 
 

@@ -203,7 +203,7 @@ def test_server_default_is_the_form_timed_fastest_here(trained, trained_decoders
         received, code = asyncio.run(talk(srv.url, [{"type": "start", "model": "waitk", "k": 2}]
                                           + sentence_messages(SENTENCES[:2]) + [{"type": "end_stream"}]))
     timings = {f: {int(b): ms for b, ms in t.items()} for f, t in form["choice"]["ms_per_step"].items()}
-    assert {"default", "int8", "plain"} <= set(timings)
+    assert {"default", "int8", "gemv", "plain"} <= set(timings)
     assert form["name"] == form["choice"]["form"] == pick(timings)[0]
     assert form["choice"]["cpu"] and form["choice"]["reason"].startswith(form["name"])
     dec = StreamingDecoder(trained_decoders["waitk"].model, trained_decoders["waitk"].tok, form=form["name"])
