@@ -1,0 +1,62 @@
+"""A linear layer's product by the number of rows, three ways, on this CPU: oneDNN's packed weight (the `default`
+form), F.linear (`plain`), and addmm by the weight kept (in, out) in row order (what `gemv` does for a lone row).
+
+    python recipes/linear_rows.py                  # the shipped gma_delta1's shapes, rows 1, 4, 16, 32
+
+The shapes are a d_model-256 model's (fused query/key/value 256x768, feed-forward 256x1024 and 1024x256, the
+8000x256 output projection). Each product is timed warm (the same weight again and again, median of 5 runs of
+300 calls); a step's products read their weights cold, so they cost more there, but which way is faster at how
+many rows is what this shows. One torch thread.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.cpu_info import cpu_summary  # noqa: E402
+
+SHAPES = ((256, 768), (256, 1024), (1024, 256), (256, 8000))   # (in, out)
+
+
+def timed(fn, calls: int = 300, runs: int = 5) -> float:
+    """µs a call: the median of `runs` runs of `calls` calls, after 20 untimed ones."""
+    for _ in range(20):
+        fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default="1,4,16,32")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    print(f"CPU: {cpu_summary()['line']}; torch {torch.__version__}, 1 thread; µs a product (warm)")
+    print("| rows | in x out | oneDNN packed | F.linear | addmm, (in, out) weight | fastest |")
+    print("|---:|---|---:|---:|---:|---|")
+    for rows in map(int, args.rows.split(",")):
+        for i, o in SHAPES:
+            w, b, x = torch.randn(o, i), torch.randn(o), torch.randn(rows, i)
+            packed, w_t = torch.ops.mkldnn._reorder_linear_weight(w, None), w.t().contiguous()
+            us = {"oneDNN packed": timed(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")),
+                  "F.linear": timed(lambda: F.linear(x, w, b)),
+                  "addmm": timed(lambda: torch.addmm(b, x, w_t))}
+            print(f"| {rows} | {i}x{o} | {us['oneDNN packed']:.0f} | {us['F.linear']:.0f} | {us['addmm']:.0f} "
+                  f"| {min(us, key=us.get)} |")
+
+
+if __name__ == "__main__":
+    main()
