@@ -5,8 +5,8 @@ form), F.linear (`plain`), and addmm by the weight kept (in, out) in row order (
 
 The shapes are a d_model-256 model's (fused query/key/value 256x768, feed-forward 256x1024 and 1024x256, the
 8000x256 output projection). Each product is timed warm (the same weight again and again, median of 5 runs of
-300 calls); a step's products read their weights cold, so they cost more there, but which way is faster at how
-many rows is what this shows. One torch thread.
+`--calls` calls, 300 by default); a step's products read their weights cold, so they cost more there, but
+which way is faster at how many rows is what this shows. One torch thread.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def timed(fn, calls: int = 300, runs: int = 5) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,4,16,32")
+    p.add_argument("--calls", type=int, default=300, help="calls a timed run (5 runs, the median)")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -51,9 +52,10 @@ def main() -> None:
         for i, o in SHAPES:
             w, b, x = torch.randn(o, i), torch.randn(o), torch.randn(rows, i)
             packed, w_t = torch.ops.mkldnn._reorder_linear_weight(w, None), w.t().contiguous()
-            us = {"oneDNN packed": timed(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")),
-                  "F.linear": timed(lambda: F.linear(x, w, b)),
-                  "addmm": timed(lambda: torch.addmm(b, x, w_t))}
+            us = {"oneDNN packed": timed(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""),
+                                         args.calls),
+                  "F.linear": timed(lambda: F.linear(x, w, b), args.calls),
+                  "addmm": timed(lambda: torch.addmm(b, x, w_t), args.calls)}
             print(f"| {rows} | {i}x{o} | {us['oneDNN packed']:.0f} | {us['F.linear']:.0f} | {us['addmm']:.0f} "
                   f"| {min(us, key=us.get)} |")
 
