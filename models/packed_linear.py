@@ -71,9 +71,10 @@ class GemvLinear(PackedLinear):
     """A PackedLinear that multiplies a lone row by the weight kept as a (in, out) matrix in row order (one addmm:
     the BLAS's matrix-vector path, MKL in PyTorch's x86 builds), and several rows as PackedLinear does.
 
-    Why: on an AVX2-only AMD EPYC (Zen 2) oneDNN's packed product of one row took 96-102 us where this took
-    40-75 (the 8000x256 output projection: 874 against 242 us), but from 4 rows on oneDNN was as fast or faster
-    (the output projection at 16 rows: 2.7 against 4.7 ms); docs/benchmarks.md, "A fourth class". A lone row's
+    Why: on an AVX2-only AMD EPYC (Zen 2) oneDNN's packed product of one row took 62-69 us where this took
+    29-45 (the 8000x256 output projection: 1,056 against 360 us), but from 4 rows on oneDNN was about as fast or
+    faster (the output projection at 16 rows: 2.4 against 5.0 ms): recipes/linear_rows.py, docs/benchmarks.md
+    "A fourth class". A lone row's
     last bits then differ from its bits in a batch (as F.linear's do), so this is a candidate of `--step auto`, as
     `plain` is, and not the default, whose rows are the same alone and batched. Both layouts are kept: the
     weights take twice the memory."""
