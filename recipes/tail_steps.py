@@ -2,9 +2,9 @@
 and how many steps a sentence's tail takes, per step form.
 
     python recipes/tail_steps.py                               # gma_delta1, 64 unseen sentences, batch 1
-    python recipes/tail_steps.py --forms default,unpacked --batch 8
+    python recipes/tail_steps.py --forms default,gemv --batch 8
 
-Each sentence is streamed word by word as `simulate` does (its streams in lockstep, `--batch` at a time); every
+Each sentence is streamed word by word by `simulate` (its streams in lockstep, `--batch` at a time); every
 `StreamingDecoder.step` call is timed and counted as a *word step* (a word of some stream still to come) or a
 *tail step* (every stream's source has ended: what is left is written one subword a step). Once a sentence's
 source has ended, its last word waits for all of its tail's steps, so on a slow CPU the tail decides the p99 of
@@ -18,7 +18,6 @@ import argparse
 import hashlib
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,37 +26,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
-from models.step import StreamingDecoder  # noqa: E402
+from models.benchmarks.host_overhead import TimedDecoder  # noqa: E402
+from models.translate import simulate  # noqa: E402
 
 
-def stream_group(dec: StreamingDecoder, group: list[str], word: list, tail: list, tails: list, tokens: list) -> None:
-    """Stream `group` word by word in lockstep; step times into `word` / `tail`, steps after each end into `tails`."""
-    states = [dec.new_stream() for _ in group]
-    words, pos, after_end = [s.split() for s in group], [0] * len(group), [0] * len(group)
-    try:
-        while not all(s.done for s in states):
-            live = [i for i, s in enumerate(states) if not s.done]
-            for i in live:   # each waiting stream gets its next word, or its end
-                if pos[i] < len(words[i]):
-                    dec.push(states[i], [words[i][pos[i]]])
-                    pos[i] += 1
-                elif not states[i].end_received:
-                    dec.finish(states[i])
-            while live := [i for i in live if not states[i].done]:   # step until every stream waits
-                t0 = time.perf_counter()
-                outs = dec.step([states[i] for i in live])
-                seconds = time.perf_counter() - t0
-                ended = all(states[i].end_received for i in live)
-                (tail if ended else word).append(seconds)
-                for i in live:
-                    after_end[i] += states[i].end_received
-                if not any(o.action == "write" for o in outs):
-                    break
-        tails.extend(after_end)
-        tokens.extend(tuple(s.target_tokens) for s in states)
-    finally:
+class TailClock(TimedDecoder):
+    """TimedDecoder (a clock around every step) that also notes, per step, whether every stream in it had its source
+    ended, and counts each stream's steps after its end."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ended: list[bool] = []          # per timed step: all of its streams past their end
+        self.after_end: dict[int, int] = {}  # id(stream) -> its steps after its end
+
+    def step(self, states, *args, **kwargs):
+        out = super().step(states, *args, **kwargs)
+        self.ended.append(all(s.end_received for s in states))
         for s in states:
-            dec.close(s)
+            if s.end_received:
+                self.after_end[id(s)] = self.after_end.get(id(s), 0) + 1
+        return out
+
+
+def stream_group(dec: TailClock, group: list[str], word: list, tail: list, tails: list, tokens: list) -> None:
+    """Stream `group` word by word through `simulate` (the project's one streaming loop, its streams in lockstep);
+    step times into `word` / `tail`, each stream's steps after its end into `tails`, its tokens into `tokens`."""
+    dec.step_seconds, dec.ended, dec.after_end = [], [], {}
+    simulate(dec, group, batch_size=len(group), tokens_out=tokens)
+    for seconds, ended in zip(dec.step_seconds, dec.ended):
+        (tail if ended else word).append(seconds)
+    tails.extend(dec.after_end.values())
 
 
 def main() -> None:
@@ -66,13 +64,13 @@ def main() -> None:
     p.add_argument("--source", default="data/de-en-everyday/test.unseen.de")
     p.add_argument("--sentences", type=int, default=64)
     p.add_argument("--batch", type=int, default=1, help="streams stepped together (lockstep)")
-    p.add_argument("--forms", default="default,unpacked,int8,plain")
+    p.add_argument("--forms", default="default,gemv,int8,plain")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model, tok, _ = load_checkpoint(resolve_checkpoint(args.model), torch.device("cpu"), torch.float32)
     forms = args.forms.split(",")
-    decs = {f: StreamingDecoder(model, tok, form=f) for f in forms}
+    decs = {f: TailClock(model, tok, form=f) for f in forms}
     with open(args.source, encoding="utf-8") as f:
         sentences = [line.strip() for line in f if line.strip()][:args.sentences]
     runs = {f: ([], [], [], []) for f in forms}
