@@ -50,6 +50,7 @@ from pathlib import Path
 DEFAULT_TEXT = "data/de-en/test.de"
 FALLBACK = ["Das ist ein kleiner Test des Servers .", "Wir übersetzen jeden Satz Wort für Wort , sobald er "
             "gesprochen wird .", "Die Stadt liegt am Fluss , und im Sommer ist es dort sehr warm ."]
+MIN_WORDS = 200     # source words a ramp level's speakers say after its warm-up, at least (--min-words)
 CLIENT_BUSY = 0.8   # a client process busier than this (CPU s / wall s) may be what a figure measures
 
 
@@ -94,6 +95,10 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--wpm", type=float, default=150.0, help="speaking rate of each simulated speaker")
     p.add_argument("--levels", default="25,50,100,150,200,300,400", help="concurrent speakers per ramp level")
     p.add_argument("--level-seconds", type=float, default=30.0)
+    p.add_argument("--min-words", type=int, default=MIN_WORDS, metavar="N",
+                   help="a ramp or overload level lasts until its speakers have said about N source words after "
+                        "its warm-up, longer than --level-seconds where needed (default %(default)s: at one "
+                        "speaker 30 s hold some 60 words, and their p99 is the worst of three or four sentences)")
     p.add_argument("--max-p99-ms", type=float, default=100.0, help="real-time criterion (and the started server's "
                                                                    "--delay-budget-ms)")
     p.add_argument("--no-admission", action="store_true",
@@ -557,12 +562,21 @@ def admission_figures(rec: Record) -> dict:
             "waited_max_s": max(rec.waits, default=float("nan"))}
 
 
+def level_seconds(args, n: int) -> float:
+    """How long a level of n speakers runs: --level-seconds, or longer where its speakers would say fewer than
+    --min-words words after the warm-up (a p99 of a few dozen words is their maximum, set by the few sentences
+    drawn: at one speaker and 15 s, three or four)."""
+    warm = min(5.0, args.level_seconds / 4)
+    return max(args.level_seconds, warm + args.min_words * 60.0 / args.wpm / max(n, 1))
+
+
 async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None = None) -> dict:
     gap, rng = 60.0 / args.wpm, random.Random(args.seed + n)
     before, scraped = scrape(base), time.monotonic()
     starts = [(rng.uniform(0, gap), rng.random()) for _ in range(n)]   # (offset, rng seed) per speaker
     t0 = time.monotonic() + 1.0
-    t_stop, warm = t0 + args.level_seconds, t0 + min(5.0, args.level_seconds / 4)
+    seconds = level_seconds(args, n)
+    t_stop, warm = t0 + seconds, t0 + min(5.0, args.level_seconds / 4)
     job = {"kind": "speak", "url": args.url, "model": args.model, "headers": headers, "gap": gap, "t_stop": t_stop,
            "churn": args.churn, "specs": [(t0 + offset, seed) for offset, seed in starts]}
     health = asyncio.ensure_future(watch_health(base, args.model, t_stop))
@@ -574,7 +588,8 @@ async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None 
     p99, live_p99 = pct(added, 99), pct([a for a, tail in kept if not tail], 99)
     bs, bc = delta(before, after, "simulserve_batch_size", args.model)
     ss, sc = delta(before, after, "simulserve_step_seconds", args.model)
-    return {"streams": n, "words_in_per_s": rec.words_in / wall, "words_out_per_s": rec.words_out / wall,
+    return {"streams": n, "seconds": seconds, "p99_words": len(added),
+            "words_in_per_s": rec.words_in / wall, "words_out_per_s": rec.words_out / wall,
             "p50_ms": pct(added, 50), "p99_ms": p99, "server_lag_p99_ms": pct(rec.lag_ms, 99),
             "live_p99_ms": live_p99,
             "tail_p99_ms": pct([a for a, tail in kept if tail], 99),
@@ -761,14 +776,15 @@ def load_sentences(args) -> list[list[str]]:
 
 def print_level_header() -> None:
     print("(with admission by headroom the delays are those of the admitted streams' words)")
-    print("| streams | admitted | refused | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms "
-          "| after-end p99 ms | server lag p99 ms | queueing p99 ms | mean batch | mean step ms | stepping "
-          "| busiest client CPU | real time |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    print("| streams | s | words | admitted | refused | words in/s | words out/s | added p50 ms | added p99 ms "
+          "| live p99 ms | after-end p99 ms | server lag p99 ms | queueing p99 ms | mean batch | mean step ms "
+          "| stepping | busiest client CPU | real time |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
 
 
 def print_level(r: dict) -> None:
-    print(f"| {r['streams']} | {r['admitted']} | {r['refused']} | {r['words_in_per_s']:.0f} | "
+    print(f"| {r['streams']} | {r['seconds']:.0f} | {r['p99_words']} | {r['admitted']} | {r['refused']} | "
+          f"{r['words_in_per_s']:.0f} | "
           f"{r['words_out_per_s']:.0f} | {r['p50_ms']:.1f} | "
           f"{r['p99_ms']:.1f} | {r['live_p99_ms']:.1f} | {r['tail_p99_ms']:.1f} | "
           f"{r['server_lag_p99_ms']:.1f} | {r['queue_p99_ms']:.1f} | {r['mean_batch']:.1f} | "
@@ -780,7 +796,8 @@ def print_level(r: dict) -> None:
 async def overload(args, base, headers, sentences, out, pool) -> None:
     """Levels far past capacity, every one run: who got in, the delays of their words, who waited."""
     which = "" if args.real_time_on == "all" else " of live words"
-    print(f"\noverload ({args.level_seconds:g} s per level, every level run; real time = p99 added delay{which} of "
+    print(f"\noverload ({args.level_seconds:g} s per level (longer by --min-words where needed), every level run; "
+          f"real time = p99 added delay{which} of "
           f"the admitted streams ≤ {args.max_p99_ms:g} ms, and no error but server_busy)")
     print_level_header()
     out["overload"], warnings = [], []
@@ -878,8 +895,9 @@ async def _phases(args, base, headers, sentences, skip, out, pool) -> None:
     best = 0
     if "ramp" not in skip:
         which = "" if args.real_time_on == "all" else " of live words"
-        print(f"\nreal-time ramp ({args.level_seconds:g} s per level; real time = p99 added delay{which} ≤ "
-              f"{args.max_p99_ms:g} ms)")
+        print(f"\nreal-time ramp ({args.level_seconds:g} s per level, longer where fewer than {args.min_words} "
+              f"words would be said; s: its seconds, words: the target words its p99 is of; real time = p99 "
+              f"added delay{which} ≤ {args.max_p99_ms:g} ms)")
         print_level_header()
         out["ramp"], baseline, warnings = [], [], []
         for n in (int(x) for x in args.levels.split(",")):

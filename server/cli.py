@@ -19,7 +19,7 @@ FLAGS = {
     "--port": ("port", {"type": int}),
     "--device": ("device", {"help": "auto (default), cpu, cuda, cuda:N"}),
     "--dtype": ("dtype", {"help": "float32 (default), bfloat16 (may change outputs), float16 (CUDA only)"}),
-    "--step": ("step", {"help": "the step's form: auto (default: the fastest of default, int8 and plain, "
+    "--step": ("step", {"help": "the step's form: auto (default: the fastest of default, int8, gemv and plain, "
                                 "timed at start-up here and cached; on a CUDA GPU in float32 graphs-encoder), "
                                 "default (float32), int8 (int8 weights, CPU), graphs (the decoder step as CUDA graphs "
                                 "captured at start-up), graphs-encoder (the encoder's chunk step captured too), "

@@ -440,9 +440,16 @@ def test_bench_counts_admitted_refused_and_waits(flood_server, tmp_path):
     src = tmp_path / "source.txt"
     src.write_text("\n".join(SENTENCES[:6]) + "\n")
     out = tmp_path / "bench.json"
+    # the estimate must have measured a stream (it admits freely while cold): alone, this test would see none
+    asyncio.run(one_stream(flood_server.url, SENTENCES[:2], retry_cap=0.5, deadline=time.monotonic() + 10))
+    deadline = time.monotonic() + 5
+    while httpx.get(flood_server.http + "/health").json()["headroom"]["models"]["gma"]["state"] == "cold":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     r = subprocess.run([sys.executable, "-m", "clients.cli", "bench", "server", "--url", flood_server.url, "--model",
                         "gma", "--input", str(src), "--levels", "3", "--overload", "5", "--level-seconds", "3",
-                        "--wpm", "300", "--max-p99-ms", "1000000", "--skip", "throughput,soak", "--json", str(out)],
+                        "--min-words", "0", "--wpm", "300", "--max-p99-ms", "1000000", "--skip", "throughput,soak",
+                        "--json", str(out)],
                        cwd=root, env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -26,9 +26,9 @@ from models.data.synthetic import make_pairs
 from server.bench import CLIENT_BUSY, Record, busy_warning, client_figures, split_specs
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADER = ("| streams | admitted | refused | words in/s | words out/s | added p50 ms | added p99 ms | live p99 ms "
-          "| after-end p99 ms | server lag p99 ms | queueing p99 ms | mean batch | mean step ms | stepping "
-          "| busiest client CPU | real time |")
+HEADER = ("| streams | s | words | admitted | refused | words in/s | words out/s | added p50 ms | added p99 ms "
+          "| live p99 ms | after-end p99 ms | server lag p99 ms | queueing p99 ms | mean batch | mean step ms "
+          "| stepping | busiest client CPU | real time |")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def tiny_checkpoint(tmp_path_factory, word_tok):
 def bench(url, src, out, *extra):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "clients.cli", "bench", "server", "--url", url, "--model", "bench",
-           "--input", str(src), "--level-seconds", "2", "--wpm", "300", "--max-p99-ms", "1000000",
+           "--input", str(src), "--level-seconds", "2", "--min-words", "10", "--wpm", "300", "--max-p99-ms", "1000000",
            "--skip", "throughput,soak", "--json", str(out), *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
@@ -71,8 +71,8 @@ def test_speakers_spread_over_client_processes_lose_no_word(tiny_checkpoint, tmp
     rows = lines[head + 2:head + 4]
     assert [row.split("|")[1].strip() for row in rows if row.startswith("|")] == ["1", "4"], r.stdout
     for row in rows:   # every speaker admitted (this server admits all); the busiest process's CPU share, in %
-        assert row.split("|")[2].strip() == row.split("|")[1].strip() and row.split("|")[3].strip() == "0", row
-        assert row.split("|")[15].strip().endswith("%"), row
+        assert row.split("|")[4].strip() == row.split("|")[1].strip() and row.split("|")[5].strip() == "0", row
+        assert row.split("|")[17].strip().endswith("%"), row
     per_proc = lines.index("| streams | proc 1 | proc 2 |")   # each process's CPU, level by level
     assert lines[per_proc + 2].split("|")[3].strip() == "idle"
     assert lines[per_proc + 3].split("|")[2].strip().endswith("%")
@@ -81,6 +81,11 @@ def test_speakers_spread_over_client_processes_lose_no_word(tiny_checkpoint, tmp
     assert fig["client_procs"] == 2
     levels = fig["ramp"]
     assert [lv["streams"] for lv in levels] == [1, 4]
+    # --min-words 10 at 300 wpm: one speaker needs 0.5 s of warm-up + 10 words x 0.2 s, longer than --level-seconds
+    # 2; four say them in 0.5 s, and keep the 2 s
+    assert [lv["seconds"] for lv in levels] == [pytest.approx(2.5), 2.0]
+    for row, lv in zip(rows, levels):   # the words the p99 is of, as the table prints them
+        assert int(row.split("|")[3]) == lv["p99_words"] and 0 < lv["p99_words"] <= lv["timed_words"], row
     assert levels[0]["client_procs_cpu"][1] is None and levels[0]["client_procs_cpu"][0] >= 0
     assert all(c >= 0 for c in levels[1]["client_procs_cpu"])
     for lv in levels:
