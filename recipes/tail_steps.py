@@ -1,16 +1,19 @@
 """What a lone speaker's last words wait for: the step's time while the words arrive and after the source ended,
-and how many steps a sentence's tail takes, per step form.
+and how many steps, and how many milliseconds of steps, a sentence's translation takes after its last word.
 
     python recipes/tail_steps.py                               # gma_delta1, 64 unseen sentences, batch 1
     python recipes/tail_steps.py --forms default,gemv --batch 8
 
 Each sentence is streamed word by word by `simulate` (its streams in lockstep, `--batch` at a time); every
 `StreamingDecoder.step` call is timed and counted as a *word step* (a word of some stream still to come) or a
-*tail step* (every stream's source has ended: what is left is written one subword a step). Once a sentence's
-source has ended, its last word waits for all of its tail's steps, so on a slow CPU the tail decides the p99 of
-`bench server`'s "after the end" delays even with one speaker: a tail of n steps of t ms each adds about n·t.
-Forms take turns within each round (the second round is the timed one), so a slow spell falls on every form alike;
-`tokens` is a digest of what each form wrote (float32 forms agree; int8 writes its own).
+*tail step* (every stream's source has ended: what is left is written one subword a step). A speaker who ends
+the sentence right after its last word (`bench server`'s speakers do) waits, for the words written after that
+word, for every step the stream takes from it on: those written before the end is known (still "live" in
+`bench server`'s terms) and the tail. `after the last word` counts them per sentence and adds up their measured
+times (at `--batch 1`, the stream's own steps), so on a slow CPU it is what a lone speaker's p99 is made of.
+Forms take turns within each round (the first `--warm` sentences once untimed, then all of them timed), so a slow
+spell falls on every form alike; `tokens` is a digest of what each form wrote (float32 forms agree; int8 writes
+its own).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.checkpoint import load_checkpoint  # noqa: E402
@@ -32,30 +36,43 @@ from models.translate import simulate  # noqa: E402
 
 class TailClock(TimedDecoder):
     """TimedDecoder (a clock around every step) that also notes, per step, whether every stream in it had its source
-    ended, and counts each stream's steps after its end."""
+    ended, and per stream the indices of its steps and how many it had taken when its last words arrived."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.ended: list[bool] = []          # per timed step: all of its streams past their end
-        self.after_end: dict[int, int] = {}  # id(stream) -> its steps after its end
+        self.ended: list[bool] = []                # per timed step: all of its streams past their end
+        self.steps_of: dict[int, list[int]] = {}   # id(stream) -> indices (into step_seconds) of its steps
+        self.at_last_push: dict[int, int] = {}     # id(stream) -> its steps taken before its latest push
+
+    def push(self, s, words, *args, **kwargs):
+        self.at_last_push[id(s)] = len(self.steps_of.get(id(s), ()))
+        return super().push(s, words, *args, **kwargs)
 
     def step(self, states, *args, **kwargs):
         out = super().step(states, *args, **kwargs)
         self.ended.append(all(s.end_received for s in states))
         for s in states:
-            if s.end_received:
-                self.after_end[id(s)] = self.after_end.get(id(s), 0) + 1
+            self.steps_of.setdefault(id(s), []).append(len(self.step_seconds) - 1)
         return out
 
 
-def stream_group(dec: TailClock, group: list[str], word: list, tail: list, tails: list, tokens: list) -> None:
+def stream_group(dec: TailClock, group: list[str], word: list, tail: list, after: list, tokens: list) -> None:
     """Stream `group` word by word through `simulate` (the project's one streaming loop, its streams in lockstep);
-    step times into `word` / `tail`, each stream's steps after its end into `tails`, its tokens into `tokens`."""
-    dec.step_seconds, dec.ended, dec.after_end = [], [], {}
+    step times into `word` / `tail`, each stream's (steps, seconds) after its last word into `after`, its tokens
+    into `tokens`."""
+    dec.step_seconds, dec.ended, dec.steps_of, dec.at_last_push = [], [], {}, {}
     simulate(dec, group, batch_size=len(group), tokens_out=tokens)
     for seconds, ended in zip(dec.step_seconds, dec.ended):
         (tail if ended else word).append(seconds)
-    tails.extend(dec.after_end.values())
+    for key, steps in dec.steps_of.items():
+        last = steps[dec.at_last_push[key]:]
+        after.append((len(last), sum(dec.step_seconds[i] for i in last)))
+
+
+def quantiles(values: list[float]) -> list[float]:
+    """mean, p90, p99, max"""
+    v = sorted(values)
+    return [statistics.fmean(v), v[int(0.9 * (len(v) - 1))], v[int(0.99 * (len(v) - 1))], v[-1]]
 
 
 def main() -> None:
@@ -66,6 +83,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1, help="streams stepped together (lockstep)")
     p.add_argument("--forms", default="default,gemv,int8,plain")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--warm", type=int, default=16, help="sentences streamed once untimed first (first-call costs)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model, tok, _ = load_checkpoint(resolve_checkpoint(args.model), torch.device("cpu"), torch.float32)
@@ -75,24 +93,25 @@ def main() -> None:
         sentences = [line.strip() for line in f if line.strip()][:args.sentences]
     runs = {f: ([], [], [], []) for f in forms}
     with torch.inference_mode():
-        for timed in (False, True):
-            for start in range(0, len(sentences), args.batch):
+        for timed, todo in ((False, sentences[:args.warm]), (True, sentences)):
+            for start in tqdm(range(0, len(todo), args.batch), desc="timed" if timed else "warm-up", leave=False,
+                              unit="group", disable=not sys.stderr.isatty()):
                 for f in forms:
-                    word, tail, tails, tokens = runs[f] if timed else ([], [], [], [])
-                    stream_group(decs[f], sentences[start:start + args.batch], word, tail, tails, tokens)
+                    word, tail, after, tokens = runs[f] if timed else ([], [], [], [])
+                    stream_group(decs[f], todo[start:start + args.batch], word, tail, after, tokens)
     print(f"CPU: {cpu_summary()['line']}; torch {torch.__version__}, {args.threads} thread(s)")
     print(f"{args.model}, {len(sentences)} sentences of {args.source} word by word, {args.batch} at a time")
     print("| form | word steps | ms a word step | tail steps | ms a tail step "
-          "| tail steps a sentence: mean / p90 / max | tail ms a sentence: mean / p90 / max | tokens |")
+          "| steps after the last word: mean / p90 / p99 / max | ms after the last word: mean / p90 / p99 / max "
+          "| tokens |")
     print("|---|---:|---:|---:|---:|---|---|---|")
     for f in forms:
-        word, tail, tails, tokens = runs[f]
-        mean_tail = statistics.fmean(tail) * 1000
-        ms = sorted(n * mean_tail for n in tails)
-        q90 = sorted(tails)[int(0.9 * (len(tails) - 1))]
-        print(f"| {f} | {len(word)} | {statistics.fmean(word) * 1000:.2f} | {len(tail)} | {mean_tail:.2f} "
-              f"| {statistics.fmean(tails):.1f} / {q90} / {max(tails)} "
-              f"| {statistics.fmean(ms):.0f} / {ms[int(0.9 * (len(ms) - 1))]:.0f} / {ms[-1]:.0f} "
+        word, tail, after, tokens = runs[f]
+        n = quantiles([steps for steps, _ in after])
+        ms = quantiles([seconds * 1000 for _, seconds in after])
+        print(f"| {f} | {len(word)} | {statistics.fmean(word) * 1000:.2f} | {len(tail)} "
+              f"| {statistics.fmean(tail) * 1000:.2f} | {n[0]:.1f} / {n[1]:.0f} / {n[2]:.0f} / {n[3]:.0f} "
+              f"| {ms[0]:.0f} / {ms[1]:.0f} / {ms[2]:.0f} / {ms[3]:.0f} "
               f"| {hashlib.sha256(repr(tokens).encode()).hexdigest()[:8]} |")
 
 
