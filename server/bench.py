@@ -10,7 +10,9 @@ Phases, one run, one table:
    moment the last source input it needed was sent (compute + queueing +
    transport). A level is real time when p99 ≤ --max-p99-ms. The p99 is also split into
    words written while the sentence is still being spoken ("live") and words written
-   after its end (the decoder's tail: one sequential step per target piece).
+   after its end (the decoder's tail: one sequential step per target piece). A level lasts --level-seconds, or
+   longer where its speakers would say fewer than --min-words source words after its warm-up: a p99 needs
+   words enough (one speaker says about 30 in 15 s, three or four sentences).
    The started server admits by headroom with --delay-budget-ms = --max-p99-ms (--no-admission:
    everyone); a speaker refused with `server_busy` tries again after the server's retry_after and
    speaks once admitted, so a level's delays are those of the admitted streams; `admitted` and
