@@ -1,5 +1,8 @@
-"""A linear layer's product by the number of rows, three ways, on this CPU: oneDNN's packed weight (the `default`
-form), F.linear (`plain`), and addmm by the weight kept (in, out) in row order (what `gemv` does for a lone row).
+"""A linear layer's product by the number of rows, four ways, on this CPU: oneDNN's packed weight (the `default`
+form), F.linear (`plain`), addmm by the weight kept (in, out) in row order (what `gemv` does for a lone row), and
+the `int8` form's layer (models/int8_linear.py: each row scaled to 7 bits by a few tensor operations, then
+FBGEMM's int8 product, then the scale and bias applied), with its FBGEMM product alone beside it: the difference
+is what the row scaling costs, per call, in operators.
 
     python recipes/linear_rows.py                  # the shipped gma_delta1's shapes, rows 1, 4, 16, 32
 
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.cpu_info import cpu_summary  # noqa: E402
+from models.int8_linear import ACT_ZERO, Int8Linear, _product, int8_available, quantize_rows  # noqa: E402
 
 SHAPES = ((256, 768), (256, 1024), (1024, 256), (256, 8000))   # (in, out)
 
@@ -45,9 +49,12 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    print(f"CPU: {cpu_summary()['line']}; torch {torch.__version__}, 1 thread; µs a product (warm)")
-    print("| rows | in x out | oneDNN packed | F.linear | addmm, (in, out) weight | fastest |")
-    print("|---:|---|---:|---:|---:|---|")
+    int8 = int8_available(torch.device("cpu"), torch.float32)
+    print(f"CPU: {cpu_summary()['line']}; torch {torch.__version__}, 1 thread; µs a product (warm)"
+          + ("" if int8 else "; int8: not available in this torch build"))
+    print("| rows | in x out | oneDNN packed | F.linear | addmm, (in, out) weight | int8 layer "
+          "| its int8 product alone | fastest |")
+    print("|---:|---|---:|---:|---:|---:|---:|---|")
     for rows in map(int, args.rows.split(",")):
         for i, o in SHAPES:
             w, b, x = torch.randn(o, i), torch.randn(o), torch.randn(rows, i)
@@ -56,7 +63,15 @@ def main() -> None:
                                          args.calls),
                   "F.linear": timed(lambda: F.linear(x, w, b), args.calls),
                   "addmm": timed(lambda: torch.addmm(b, x, w_t), args.calls)}
-            print(f"| {rows} | {i}x{o} | {us['oneDNN packed']:.0f} | {us['F.linear']:.0f} | {us['addmm']:.0f} "
+            product = None
+            if int8:
+                with torch.inference_mode():
+                    layer = Int8Linear(w, b)
+                    scaled, _ = quantize_rows(x)
+                    us["int8"] = timed(lambda: layer(x), args.calls)
+                    product = timed(lambda: _product(scaled, 1.0, ACT_ZERO, layer.packed), args.calls)
+            cells = [f"{us[k]:.0f}" if k in us else "–" for k in ("oneDNN packed", "F.linear", "addmm", "int8")]
+            print(f"| {rows} | {i}x{o} | {' | '.join(cells)} | {'–' if product is None else f'{product:.0f}'} "
                   f"| {min(us, key=us.get)} |")
 
 

@@ -1,5 +1,5 @@
 """recipes/tail_steps.py and recipes/linear_rows.py, run as a user runs them: a lone stream's word and tail steps
-per form (the float32 forms write the same tokens), and a product's time by rows three ways."""
+per form (the float32 forms write the same tokens), and a product's time by rows four ways (int8's layer among them)."""
 from __future__ import annotations
 
 import re
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from models.int8_linear import int8_available
 from models.packed_linear import packing_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,12 +52,16 @@ def test_tail_steps_splits_word_and_tail_steps_and_float32_forms_agree(tmp_path,
 
 
 @needs_packing
-def test_linear_rows_times_each_shape_three_ways():
+def test_linear_rows_times_each_shape_four_ways():
     out = run("recipes/linear_rows.py", "--rows", "1,4", "--calls", "3")
-    rows = re.findall(r"^\| (\d+) \| (\d+)x(\d+) \| (\d+) \| (\d+) \| (\d+) \| (oneDNN packed|F\.linear|addmm) \|$",
-                      out, re.M)
+    rows = re.findall(r"^\| (\d+) \| (\d+)x(\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+|–) \| (\d+|–) "
+                      r"\| (oneDNN packed|F\.linear|addmm|int8) \|$", out, re.M)
     assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [
         (n, i, o) for n in (1, 4) for i, o in ((256, 768), (256, 1024), (1024, 256), (256, 8000))], out
-    for *_, packed, linear, addmm, fastest in rows:
+    int8 = int8_available(torch.device("cpu"), torch.float32)
+    for *_, packed, linear, addmm, layer, product, fastest in rows:
         us = {"oneDNN packed": int(packed), "F.linear": int(linear), "addmm": int(addmm)}
+        assert (layer != "–") == int8 and (product != "–") == int8, out
+        if int8:
+            us["int8"] = int(layer)
         assert us[fastest] == min(us.values()), out
