@@ -67,6 +67,9 @@ def pick(ms_per_step: dict[str, dict[int, float]], reference: str = REFERENCE) -
     best = min(ok, key=lambda f: (ratio[f], f != reference))
     slower = [f for f in ms_per_step if f not in ok]
     why = f"{best}: {ratio[best]:.2f}x the time of {reference} (mean over batches {', '.join(map(str, ref))})"
+    others = sorted((f for f in ok if f not in (best, reference)), key=ratio.get)
+    if others:   # the runners-up, so that a user sees how close the choice was
+        why += "; then " + ", ".join(f"{f} {ratio[f]:.2f}x" for f in others)
     if slower:
         why += f"; slower than {reference} somewhere, so never chosen: {', '.join(slower)}"
     return best, why
