@@ -268,7 +268,7 @@ def delta(before: dict, after: dict, name: str, model: str) -> tuple[float, floa
 class Record:
     def __init__(self):
         self.added: list[tuple[float, float, bool]] = []  # (needed input sent at, added delay s, after the end)
-        self.lag_ms: list[float] = []
+        self.lag_ms: list[tuple[float, float]] = []   # (needed input sent at, the server's lag_ms) of those words
         self.words_in = self.words_out = self.sentences = 0
         self.errors: Counter = Counter()
         self.admitted = self.refused = 0   # streams started; `server_busy` answers (admission by headroom)
@@ -344,9 +344,9 @@ async def speaker(url, model, headers, sentences, gap, t0, t_stop, rec: Record, 
                 if kind == "word":
                     s = m["sentence"]
                     need = ends.get(s) if m["source_complete"] else sent.get((s, max(m["delay"], 1) - 1))
-                    if need is not None:
+                    if need is not None:   # (the server's lag of the same words, for the same percentiles)
                         rec.added.append((need, now - need, m["source_complete"]))
-                    rec.lag_ms.append(m["lag_ms"])
+                        rec.lag_ms.append((need, m["lag_ms"]))
                     rec.words_out += 1
                 elif kind == "sentence":
                     rec.sentences += 1
@@ -592,7 +592,9 @@ async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None 
     ss, sc = delta(before, after, "simulserve_step_seconds", args.model)
     return {"streams": n, "seconds": seconds, "p99_words": len(added),
             "words_in_per_s": rec.words_in / wall, "words_out_per_s": rec.words_out / wall,
-            "p50_ms": pct(added, 50), "p99_ms": p99, "server_lag_p99_ms": pct(rec.lag_ms, 99),
+            "p50_ms": pct(added, 50), "p99_ms": p99,
+            # the same words as the added delays: the level's warm-up left out of both
+            "server_lag_p99_ms": pct([lag for t, lag in rec.lag_ms if warm <= t <= t_stop], 99),
             "live_p99_ms": live_p99,
             "tail_p99_ms": pct([a for a, tail in kept if tail], 99),
             "mean_batch": bs / bc if bc else 0, "mean_step_ms": 1000 * ss / sc if sc else 0,

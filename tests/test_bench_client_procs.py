@@ -93,6 +93,9 @@ def test_speakers_spread_over_client_processes_lose_no_word(tiny_checkpoint, tmp
         assert lv["client_busy"] == (lv["client_cpu"] > CLIENT_BUSY)
         assert lv["words_in"] > 0 and lv["words_out"] > 0 and not lv["errors"], lv
         assert lv["timed_words"] == lv["words_out"]   # every word's delay came back from its process
+        # the server's lag of a word is within its added delay, and both p99s are of the same words (after the
+        # warm-up): the lag's p99 cannot be above the delay's
+        assert 0 < lv["server_lag_p99_ms"] <= lv["p99_ms"] + 0.01, lv
         assert 0 < lv["step_busy"] <= 1.05   # a share of the time between the scrapes (one engine thread)
     # the merged counts are what the processes sent and received, word for word as the server counted
     assert sum(lv["words_in"] for lv in levels) == server_in
@@ -126,14 +129,16 @@ def test_speakers_are_dealt_evenly_and_records_merge_word_by_word():
     assert split_specs([1], 3) == [[1], [], []]   # more processes than speakers: the rest idle
     assert sorted(x for s in split_specs(list(range(10)), 4) for x in s) == list(range(10))
     a, b = Record(), Record()
-    a.added, a.lag_ms, a.words_in, a.words_out, a.sentences = [(1.0, 0.01, False)], [5.0], 3, 1, 1
-    b.added, b.lag_ms, b.words_in, b.words_out, b.sentences = [(2.0, 0.2, True), (2.5, 0.3, True)], [7.0, 8.0], 4, 2, 1
+    a.added, a.lag_ms, a.words_in, a.words_out, a.sentences = [(1.0, 0.01, False)], [(1.0, 5.0)], 3, 1, 1
+    b.added, b.lag_ms, b.words_in, b.words_out, b.sentences = ([(2.0, 0.2, True), (2.5, 0.3, True)],
+                                                               [(2.0, 7.0), (2.5, 8.0)], 4, 2, 1)
     b.errors["timeout"] += 1
     a.admitted, a.refused, a.waits, b.admitted, b.refused, b.waits, b.waiting = 2, 1, [1.5], 3, 4, [2.0, 7.0], 1
     merged = Record()
     merged.merge(a)
     merged.merge(b)
-    assert merged.added == a.added + b.added and merged.lag_ms == [5.0, 7.0, 8.0]   # every word, not summaries
+    # every word, not summaries
+    assert merged.added == a.added + b.added and merged.lag_ms == [(1.0, 5.0), (2.0, 7.0), (2.5, 8.0)]
     assert (merged.words_in, merged.words_out, merged.sentences, dict(merged.errors)) == (7, 3, 2, {"timeout": 1})
     assert (merged.admitted, merged.refused, merged.waits, merged.waiting) == (5, 5, [1.5, 2.0, 7.0], 1)
     fig = client_figures(merged, [0.3, None, 0.95])
