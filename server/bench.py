@@ -12,7 +12,7 @@ Phases, one run, one table:
    words written while the sentence is still being spoken ("live") and words written
    after its end (the decoder's tail: one sequential step per target piece). A level lasts --level-seconds, or
    longer where its speakers would say fewer than --min-words source words after its warm-up: a p99 needs
-   words enough (one speaker says about 30 in 15 s, three or four sentences).
+   words enough (one speaker says about 30 in 15 s, four sentences or so).
    The started server admits by headroom with --delay-budget-ms = --max-p99-ms (--no-admission:
    everyone); a speaker refused with `server_busy` tries again after the server's retry_after and
    speaks once admitted, so a level's delays are those of the admitted streams; `admitted` and
@@ -100,7 +100,8 @@ def add_server_bench_args(p) -> None:
     p.add_argument("--min-words", type=int, default=MIN_WORDS, metavar="N",
                    help="a ramp or overload level lasts until its speakers have said about N source words after "
                         "its warm-up, longer than --level-seconds where needed (default %(default)s: at one "
-                        "speaker 30 s hold some 60 words, and their p99 is the worst of three or four sentences)")
+                        "speaker 30 s hold some 60 words, seven or eight sentences, and their p99 is the last "
+                        "word of the longest)")
     p.add_argument("--max-p99-ms", type=float, default=100.0, help="real-time criterion (and the started server's "
                                                                    "--delay-budget-ms)")
     p.add_argument("--no-admission", action="store_true",
@@ -567,7 +568,7 @@ def admission_figures(rec: Record) -> dict:
 def level_seconds(args, n: int) -> float:
     """How long a level of n speakers runs: --level-seconds, or longer where its speakers would say fewer than
     --min-words words after the warm-up (a p99 of a few dozen words is their maximum, set by the few sentences
-    drawn: at one speaker and 15 s, three or four)."""
+    drawn: at one speaker and 15 s, about four)."""
     warm = min(5.0, args.level_seconds / 4)
     return max(args.level_seconds, warm + args.min_words * 60.0 / args.wpm / max(n, 1))
 
