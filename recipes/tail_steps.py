@@ -32,6 +32,7 @@ from models.cpu_info import cpu_summary  # noqa: E402
 from models.shipped import resolve_checkpoint  # noqa: E402
 from models.benchmarks.host_overhead import TimedDecoder  # noqa: E402
 from models.translate import simulate  # noqa: E402
+from server.bench import pct  # noqa: E402
 
 
 class TailClock(TimedDecoder):
@@ -70,9 +71,8 @@ def stream_group(dec: TailClock, group: list[str], word: list, tail: list, after
 
 
 def quantiles(values: list[float]) -> list[float]:
-    """mean, p90, p99, max"""
-    v = sorted(values)
-    return [statistics.fmean(v), v[int(0.9 * (len(v) - 1))], v[int(0.99 * (len(v) - 1))], v[-1]]
+    """mean, p90, p99, max (the percentiles as `bench server` takes them)"""
+    return [statistics.fmean(values), pct(values, 90), pct(values, 99), max(values)]
 
 
 def main() -> None:

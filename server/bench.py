@@ -565,12 +565,16 @@ def admission_figures(rec: Record) -> dict:
             "waited_max_s": max(rec.waits, default=float("nan"))}
 
 
+def warm_seconds(args) -> float:
+    """A level's warm-up: its first quarter, at most 5 s; words needed before it are not counted."""
+    return min(5.0, args.level_seconds / 4)
+
+
 def level_seconds(args, n: int) -> float:
     """How long a level of n speakers runs: --level-seconds, or longer where its speakers would say fewer than
     --min-words words after the warm-up (a p99 of a few dozen words is their maximum, set by the few sentences
     drawn: at one speaker and 15 s, about four)."""
-    warm = min(5.0, args.level_seconds / 4)
-    return max(args.level_seconds, warm + args.min_words * 60.0 / args.wpm / max(n, 1))
+    return max(args.level_seconds, warm_seconds(args) + args.min_words * 60.0 / args.wpm / max(n, 1))
 
 
 async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None = None) -> dict:
@@ -579,7 +583,7 @@ async def ramp_level(args, n, sentences, headers, base, pool: ClientPool | None 
     starts = [(rng.uniform(0, gap), rng.random()) for _ in range(n)]   # (offset, rng seed) per speaker
     t0 = time.monotonic() + 1.0
     seconds = level_seconds(args, n)
-    t_stop, warm = t0 + seconds, t0 + min(5.0, args.level_seconds / 4)
+    t_stop, warm = t0 + seconds, t0 + warm_seconds(args)
     job = {"kind": "speak", "url": args.url, "model": args.model, "headers": headers, "gap": gap, "t_stop": t_stop,
            "churn": args.churn, "specs": [(t0 + offset, seed) for offset, seed in starts]}
     health = asyncio.ensure_future(watch_health(base, args.model, t_stop))
