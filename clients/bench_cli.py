@@ -104,10 +104,12 @@ def register(sub) -> None:
     st.add_argument("--device", default="auto", help=DEVICE_HELP)
     st.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 (CUDA only)")
     st.add_argument("--paths", default="default",
-                    help="step forms for the host overhead table, comma-separated: default (what serve runs "
-                         "here), host (CPU shortcuts), sync-free (the GPU form), static (sync-free, padded "
-                         "shapes), compiled (static + torch.compile; CUDA graphs on CUDA), int8 (int8 weights, "
-                         "CPU), plain (no fast path); models/step_form.py. Default: default")
+                    help="step forms for the host overhead table, comma-separated: default (what translate "
+                         "runs here), host (CPU shortcuts), sync-free (the GPU form), static (sync-free, padded "
+                         "shapes), compiled (static + torch.compile; CUDA graphs on CUDA), graphs, "
+                         "graphs-encoder, graphs-fused (CUDA graphs captured at start-up), int8 (int8 weights, "
+                         "CPU), int8-gemv (int8, a lone row in one call), gemv (a lone row by BLAS gemv), plain "
+                         "(no fast path); models/step_form.py. Default: default")
     st.add_argument("--arrivals", choices=("lockstep", "staggered", "overlapped"), default="lockstep",
                     help="how words reach the streams of the host overhead table: lockstep (default: batches "
                          "of sentences, every waiting stream's next word at once, so a round's first step "

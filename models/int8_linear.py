@@ -19,6 +19,9 @@ scale 1: then
 - every CPU class runs the same arithmetic (no saturation anywhere), so the quality gate measured on
   one machine holds on another.
 
+`Int8GemvLinear` (the `int8-gemv` form) hands a lone row to FBGEMM with its own scale, in one call: the same
+integers, the scales applied in another order (a lone row's last bits differ from its bits in a batch).
+
 PyTorch marks the quantized tensor types that FBGEMM's packing takes as deprecated (they are used
 only here, once, at load); `int8_available` probes the operators, so a PyTorch without them runs
 float32 (`--step auto`) or says why (`--step int8`).
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -35,12 +39,13 @@ from models.fused_weights import stacked
 WEIGHT_QMAX = 127   # int8 weights, symmetric
 ACT_QMAX = 63       # 7-bit activations: no 16-bit saturation on CPUs without VNNI
 ACT_ZERO = 64       # FBGEMM's activations are unsigned: q + 64 in 1..127
+_TINY = torch.finfo(torch.float32).tiny   # a row of zeros: its scale (the product is zeros either way)
 
 _product = getattr(getattr(torch.ops, "quantized", None), "linear_with_input_q_dq_qweight_dq_output_fp32", None)
 
 
-def _packed_weight(weight: torch.Tensor) -> tuple[object, torch.Tensor]:
-    """FBGEMM's packed int8 weight (per output channel) and the channel scales."""
+def _quantized_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 weight as FBGEMM's per-channel quantized tensor, and what it stands for in float."""
     scale = weight.abs().amax(1) / WEIGHT_QMAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     # the integers rounded here, in float32 (quantize_per_channel's own rounding differs on a few weights
@@ -49,7 +54,19 @@ def _packed_weight(weight: torch.Tensor) -> tuple[object, torch.Tensor]:
     with warnings.catch_warnings():   # quantized tensor creation is marked deprecated; used once, here
         warnings.simplefilter("ignore")
         q = torch._make_per_channel_quantized_tensor(ints, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
-        return torch.ops.quantized.linear_prepack(q, None), ints.float() * scale[:, None]
+    return q, ints.float() * scale[:, None]
+
+
+def _prepacked(q: torch.Tensor, bias: torch.Tensor | None = None) -> object:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ops.quantized.linear_prepack(q, bias)
+
+
+def _packed_weight(weight: torch.Tensor) -> tuple[object, torch.Tensor]:
+    """FBGEMM's packed int8 weight (per output channel) and the channel scales."""
+    q, dequantized = _quantized_weight(weight)
+    return _prepacked(q), dequantized
 
 
 def int8_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -62,6 +79,19 @@ def int8_available(device: torch.device, dtype: torch.dtype) -> bool:
         packed, _ = _packed_weight(torch.tensor([[127.0, -2.0, 3.0], [7.0, 8.0, 127.0]]))
         y = _product(torch.tensor([[1.0, -2.0, 3.0]]), 1.0, ACT_ZERO, packed)
         return y.tolist() == [[140.0, 372.0]]   # (127 + 4 + 9, 7 - 16 + 381): exact sums, scale 1
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+def lone_rows_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """int8_available (whose probe checks the one call `Int8GemvLinear` makes, there with an activation scale of
+    1): FBGEMM's product with a row's own scale and the bias inside."""
+    if not int8_available(device, dtype):
+        return False
+    try:
+        q, _ = _quantized_weight(torch.tensor([[127.0, -2.0, 3.0], [7.0, 8.0, 127.0]]))
+        y = _product(torch.tensor([[0.5, -1.0, 1.5]]), 0.5, ACT_ZERO, _prepacked(q, torch.tensor([0.5, -0.5])))
+        return y.tolist() == [[70.5, 185.5]]   # the exact sums (140, 372) times the row's scale, plus the bias
     except (RuntimeError, NotImplementedError, AttributeError):
         return False
 
@@ -107,3 +137,35 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8 weights, 7-bit rows (FBGEMM)"
+
+
+class Int8GemvLinear(Int8Linear):
+    """An Int8Linear whose lone row (one stream's step) goes to FBGEMM in one call: the row's scale is read once
+    (max |x| / 63, as `quantize_rows` makes it) and handed over with the row, and the bias is packed with the
+    weight, so FBGEMM rounds, multiplies, scales and adds in that call, where the layer takes six tensor
+    operations. Several rows go as in Int8Linear.
+
+    Why: at one row the layer's row scaling and epilogue cost more than its product (on an AVX2-only AMD EPYC
+    about 90 µs a call against 33-35 for the product: recipes/linear_rows.py), and a lone stream's step makes some
+    twenty such calls. The integers are Int8Linear's (the same scale and rounding; only a value within one float
+    step of a half can round the other way: FBGEMM multiplies by the scale's inverse where quantize_rows divides),
+    but the scales are applied in another order, so a lone row's last bits differ from the same row's in a batch,
+    as `gemv`'s do against `default`: a candidate of `--step auto` beside `int8`, whose rows are the same alone
+    and batched. The int8 weights are packed twice (with the bias, for the one call)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        q, _ = _quantized_weight(weight.detach().float().contiguous())
+        self.lone = _prepacked(q, None if bias is None else self.bias)   # the same integers, the bias inside
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != self.in_features:
+            return super().forward(x)
+        # a float read back costs nothing on the CPU (the only device of int8); divided in float32, as
+        # quantize_rows does; a zero row keeps the smallest normal scale there too, and comes out as the bias
+        scale = max(float(np.float32(float(x.abs().max())) / np.float32(ACT_QMAX)), _TINY)
+        y = _product(x.reshape(1, self.in_features), scale, ACT_ZERO, self.lone)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", a lone row in one call"

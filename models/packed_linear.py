@@ -26,7 +26,7 @@ from torch import nn
 
 from models.attention import MultiHeadAttention
 from models.fused_weights import stacked
-from models.int8_linear import Int8Linear
+from models.int8_linear import Int8GemvLinear, Int8Linear
 from models.transformer import FeedForward
 
 
@@ -138,14 +138,15 @@ def pack_for_inference(model: nn.Module, int8: bool = False, gemv: bool = False)
     int8: the attention projections and feed-forward layers (where nearly all weight bytes
     are) get int8 weights (models/int8_linear.py); every other linear, such as GMA's step
     predictor, which decides READ or WRITE, stays packed fp32.
-    gemv: every linear a GemvLinear (packed, and a lone row by the unpacked weight)."""
+    gemv: every float linear a GemvLinear (packed, and a lone row by the unpacked weight); with int8, the int8
+    ones Int8GemvLinear (a lone row in one FBGEMM call)."""
     p = next(model.parameters())
     if not packing_available(p.device, p.dtype):
         # (int8 never gets here off the CPU: StepForm.resolve refuses it)
         return fuse_projections(model) if p.device.type == "cuda" else model
     packed = copy.deepcopy(model).eval()
     fp32 = GemvLinear if gemv else PackedLinear
-    big = Int8Linear if int8 else fp32
+    big = (Int8GemvLinear if gemv else Int8Linear) if int8 else fp32
     _fuse(packed, big)   # projections of one input fused into one product (fewer, larger calls)
     for module in list(packed.modules()):
         make = big if isinstance(module, (MultiHeadAttention, FeedForward)) else fp32

@@ -20,7 +20,7 @@ from models.cache_pool import CachePool
 from models.decode_io import DecodeInput, DecodeOutput
 from models.decoding import DecodingOptions, StutterContext, banning_filters, filter_bans, token_filters
 from models.graph_inputs import Readback
-from models.int8_linear import Int8Linear
+from models.int8_linear import Int8GemvLinear, Int8Linear
 from models.packed_linear import (GemvLinear, PackedLinear, fuse_projections, pack_for_inference, packing_available,
                                   plain_copy)
 from models.policies import Policy, make_policy
@@ -101,7 +101,8 @@ class StreamingDecoder:
         linears = self.form.linears
         self.net = (model if linears == "model" else plain_copy(model) if linears == "plain"
                     else fuse_projections(model) if linears == "fused"
-                    else pack_for_inference(model, int8=linears == "int8", gemv=linears == "gemv"))
+                    else pack_for_inference(model, int8=linears in ("int8", "int8-gemv"),
+                                            gemv=linears in ("gemv", "int8-gemv")))
         self.cfg = model.cfg
         self.tok = tokenizer
         self.pool = pool or CachePool(self.cfg, p.device, p.dtype)
@@ -144,8 +145,8 @@ class StreamingDecoder:
         # the output projection (the embedding, tied) packed or int8 like the other linears where
         # that is available; elsewhere a (d, V) matrix in row order, which a few rows
         # times run faster than F.linear's transposed (V, d) product
-        packed = linears in ("packed", "int8", "gemv") and packing_available(p.device, p.dtype)
-        out_kind = {"int8": Int8Linear, "gemv": GemvLinear}.get(linears, PackedLinear)
+        packed = linears in ("packed", "int8", "gemv", "int8-gemv") and packing_available(p.device, p.dtype)
+        out_kind = {"int8": Int8Linear, "gemv": GemvLinear, "int8-gemv": Int8GemvLinear}.get(linears, PackedLinear)
         self.out_packed = out_kind(model.embed.weight, None) if packed else None
         self.out_weight = None if packed else model.embed.weight.detach().t().contiguous()
 

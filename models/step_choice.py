@@ -6,7 +6,8 @@ sentence word by word at batch 1 and at an expected batch, and keeps the fastest
 
 - only forms that passed the quality gate are candidates (`CANDIDATES`: the float32 forms are exact;
   int8 passed BLEU within 0.3 and AL within 0.05 of float32 on every row of the test sets,
-  docs/benchmarks.md "int8");
+  docs/benchmarks.md "int8"; int8-gemv writes int8's integers, and passed the same gate one sentence at a
+  time, docs/results/int8/gate_int8_gemv.md);
 - no form is chosen that is slower than float32 (`default`) at any measured batch size.
 
 The choice is cached per machine (CPU model and vector extensions, library versions, threads, the
@@ -28,7 +29,8 @@ import torch
 from models.cpu_info import cpu_summary
 
 REFERENCE = "default"                        # float32: the form no choice may be slower than
-CANDIDATES = ("default", "int8", "gemv", "plain")   # forms that passed the quality gate (float32 ones are exact)
+# forms that passed the quality gate (float32 ones are exact)
+CANDIDATES = ("default", "int8", "int8-gemv", "gemv", "plain")
 BATCHES = (1, 16)                            # a lone speaker and a busy step
 SENTENCE = "Der Zug nach Berlin fährt heute wegen Bauarbeiten erst um acht Uhr vom zweiten Gleis ab ."
 

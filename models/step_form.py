@@ -11,6 +11,8 @@ things at once, so that no combination of switches can be asked for that nobody 
              path; CPU, float32): faster than oneDNN's packing for one row on some AVX2-only CPUs;
     `int8`   int8 weights and per-row int8 activations for attention and feed-forward layers,
              packed fp32 for the rest (CPU, float32 only; models/int8_linear.py);
+    `int8-gemv` `int8`, but a lone row quantised and multiplied in one FBGEMM call (Int8GemvLinear), and the
+             float linears `gemv`'s: faster alone where int8's row scaling costs more than its product;
     `fused`  the model's own linears, each input's projections fused into one product (a GPU's copy of
              `packed`): what torch.compile traces for graphs-fused;
     `model`  the model's own modules (what torch.compile traces for `compiled`);
@@ -53,7 +55,7 @@ class StepForm:
     def resolve(self, device: torch.device, dtype: torch.dtype) -> "StepForm":
         """This form for a model on `device` in `dtype`: sync_free decided, and a clear error
         where the form cannot run there."""
-        from models.int8_linear import int8_available
+        from models.int8_linear import int8_available, lone_rows_available
         from models.packed_linear import packing_available
         device = torch.device(device)
         if self.linears == "auto":
@@ -62,6 +64,10 @@ class StepForm:
         if self.linears == "int8" and not (int8_available(device, dtype) and packing_available(device, dtype)):
             raise StepFormError(f"step form 'int8' runs on the CPU with float32 weights only (here: {device.type}, "
                              f"{str(dtype).replace('torch.', '')}); on a GPU use --dtype bfloat16 instead")
+        if self.linears == "int8-gemv" and not (lone_rows_available(device, dtype)
+                                                and packing_available(device, dtype)):
+            raise StepFormError(f"step form 'int8-gemv' runs on the CPU with float32 weights only, and needs FBGEMM's "
+                                f"quantized::linear_dynamic (here: {device.type}, {str(dtype).replace('torch.', '')})")
         if self.linears == "gemv" and not (packing_available(device, dtype) and dtype == torch.float32):
             raise StepFormError(f"step form 'gemv' runs on the CPU in float32 only (here: {device.type}, "
                                 f"{str(dtype).replace('torch.', '')})")
@@ -96,13 +102,15 @@ FORMS: dict[str, StepForm] = {f.name: f for f in (
                      "kernels, no CUDA graphs of its own; projections fused) before they are captured: it compiles "
                      "while capturing (on the CPU: at its first steps)"),
     StepForm("int8", "int8", summary="int8 weights for attention and feed-forward layers (CPU, float32)"),
+    StepForm("int8-gemv", "int8-gemv", summary="int8, but a lone row quantised and multiplied in one FBGEMM call, "
+                                               "and float linears as gemv's (CPU, float32): faster alone"),
     StepForm("gemv", "gemv", summary="default, but a lone row multiplied by the weight in (in, out) order, the "
                                      "BLAS's matrix-vector path (CPU, float32): faster alone on some AVX2-only CPUs"),
     StepForm("plain", "plain", summary="no fast path: F.linear and the explicit attention (the baseline)"),
     # the server's default: the fastest form that passed the quality gate, timed where it runs
     # (models/step_choice.py; docs/benchmarks.md, "int8 weights")
-    StepForm("auto", "auto", summary="the fastest of default, int8, gemv and plain, timed at start-up on this "
-                                     "machine (never slower than default): the server's default"),
+    StepForm("auto", "auto", summary="the fastest of default, int8, int8-gemv, gemv and plain, timed at start-up on "
+                                     "this machine (never slower than default): the server's default"),
 )}
 
 
@@ -115,8 +123,9 @@ def step_form(form: "str | StepForm") -> StepForm:
     return FORMS[form]
 
 
-STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, gemv, plain, timed "
-             "here); int8 (int8 weights, CPU, float32); gemv (default with a lone row by BLAS gemv, CPU); "
+STEP_HELP = ("the step's form: default (float32); auto (the fastest of default, int8, int8-gemv, gemv, plain, "
+             "timed here); int8 (int8 weights, CPU, float32); int8-gemv (int8 with a lone row in one FBGEMM call, "
+             "CPU); gemv (default with a lone row by BLAS gemv, CPU); "
              "compiled (torch.compile, CUDA graphs on CUDA); "
              "graphs (CUDA graphs captured at start-up); graphs-encoder (the encoder's step captured too); "
              "graphs-fused (graphs-encoder with both steps compiled by inductor first); "

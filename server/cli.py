@@ -19,13 +19,14 @@ FLAGS = {
     "--port": ("port", {"type": int}),
     "--device": ("device", {"help": "auto (default), cpu, cuda, cuda:N"}),
     "--dtype": ("dtype", {"help": "float32 (default), bfloat16 (may change outputs), float16 (CUDA only)"}),
-    "--step": ("step", {"help": "the step's form: auto (default: the fastest of default, int8, gemv and plain, "
-                                "timed at start-up here and cached; on a CUDA GPU in float32 graphs-encoder), "
-                                "default (float32), int8 (int8 weights, CPU), graphs (the decoder step as CUDA graphs "
-                                "captured at start-up), graphs-encoder (the encoder's chunk step captured too), "
-                                "graphs-fused (graphs-encoder with both steps compiled by inductor first), "
-                                "compiled (torch.compile, CUDA graphs on CUDA), host, sync-free, static, plain "
-                                "(docs/benchmarks.md)"}),
+    "--step": ("step", {"help": "the step's form: auto (default: the fastest of default, int8, int8-gemv, gemv "
+                                "and plain, timed at start-up here and cached; on a CUDA GPU in float32 "
+                                "graphs-encoder), default (float32), int8 (int8 weights, CPU), int8-gemv (int8, a "
+                                "lone row in one FBGEMM call; CPU), gemv (default, a lone row by BLAS gemv; CPU), "
+                                "graphs (the decoder step as CUDA graphs captured at start-up), graphs-encoder (the "
+                                "encoder's chunk step captured too), graphs-fused (graphs-encoder with both steps "
+                                "compiled by inductor first), compiled (torch.compile, CUDA graphs on CUDA), host, "
+                                "sync-free, static, plain (docs/benchmarks.md)"}),
     "--no-repeat-ngram": ("no_repeat_ngram", {"type": int, "help": "never write a subword that repeats an N-gram "
                                                                    "of the sentence's translation (default 0: off)"}),
     "--no-stutter": ("no_stutter", {"type": int, "help": "never write a subword that repeats the last M <= N "

@@ -127,11 +127,12 @@ class ServerSettings(BaseSettings):
         "float32", description="inference precision: float32; bfloat16 (faster on CPUs with AVX512-BF16, "
                                "may change outputs); float16 (CUDA only)")
     step: str = Field(
-        "auto", description="the step's form (models/step_form.py): auto (the fastest of default, int8, gemv and "
-                            "plain, timed at start-up on this machine and cached; models/step_choice.py; on a CUDA "
-                            "GPU in float32: graphs-encoder); default (float32 packed); int8 (int8 weights, CPU); gemv "
-                            "(default, a lone row by the BLAS's matrix-vector product; CPU); graphs (the decoder step "
-                            "as CUDA graphs captured at start-up); graphs-encoder (the encoder's chunk "
+        "auto", description="the step's form (models/step_form.py): auto (the fastest of default, int8, int8-gemv, "
+                            "gemv and plain, timed at start-up on this machine and cached; models/step_choice.py; "
+                            "on a CUDA GPU in float32: graphs-encoder); default (float32 packed); int8 (int8 "
+                            "weights, CPU); int8-gemv (int8, a lone row quantised and multiplied in one FBGEMM call; "
+                            "CPU); gemv (default, a lone row by the BLAS's matrix-vector product; CPU); graphs (the "
+                            "decoder step as CUDA graphs captured at start-up); graphs-encoder (the encoder's chunk "
                             "step captured too); graphs-fused (graphs-encoder with both steps compiled by "
                             "inductor first); compiled (torch.compile with padded shapes, CUDA graphs on CUDA; "
                             "each new shape compiles once, which takes seconds to minutes); host, sync-free, static, "

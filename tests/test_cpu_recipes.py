@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.int8_linear import int8_available
+from models.int8_linear import int8_available, lone_rows_available
 from models.packed_linear import packing_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,14 +54,17 @@ def test_tail_steps_splits_word_and_tail_steps_and_float32_forms_agree(tmp_path,
 @needs_packing
 def test_linear_rows_times_each_shape_four_ways():
     out = run("recipes/linear_rows.py", "--rows", "1,4", "--calls", "3")
-    rows = re.findall(r"^\| (\d+) \| (\d+)x(\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+|–) \| (\d+|–) "
-                      r"\| (oneDNN packed|F\.linear|addmm|int8) \|$", out, re.M)
+    rows = re.findall(r"^\| (\d+) \| (\d+)x(\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+|–) \| (\d+|–) \| (\d+|–) "
+                      r"\| (oneDNN packed|F\.linear|addmm|int8|int8-gemv) \|$", out, re.M)
     assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [
         (n, i, o) for n in (1, 4) for i, o in ((256, 768), (256, 1024), (1024, 256), (256, 8000))], out
     int8 = int8_available(torch.device("cpu"), torch.float32)
-    for *_, packed, linear, addmm, layer, product, fastest in rows:
+    lone = lone_rows_available(torch.device("cpu"), torch.float32)
+    for *_, packed, linear, addmm, layer, product, gemv_layer, fastest in rows:
         us = {"oneDNN packed": int(packed), "F.linear": int(linear), "addmm": int(addmm)}
-        assert (layer != "–") == int8 and (product != "–") == int8, out
+        assert (layer != "–") == int8 and (product != "–") == int8 and (gemv_layer != "–") == lone, out
         if int8:
             us["int8"] = int(layer)
+        if lone:
+            us["int8-gemv"] = int(gemv_layer)
         assert us[fastest] == min(us.values()), out

@@ -12,8 +12,8 @@ from conftest import POLICIES, random_decoder
 from torch import nn
 
 from models.checkpoint import load_checkpoint
-from models.int8_linear import ACT_QMAX, Int8Linear, int8_available, quantize_rows
-from models.packed_linear import PackedLinear
+from models.int8_linear import ACT_QMAX, Int8GemvLinear, Int8Linear, int8_available, lone_rows_available, quantize_rows
+from models.packed_linear import GemvLinear, PackedLinear
 from models.step import StreamingDecoder
 from models.step_form import FORMS, StepFormError, step_form
 from models.translate import simulate
@@ -85,6 +85,46 @@ def test_int8_sums_do_not_saturate_at_the_largest_values():
     torch.testing.assert_close(y, torch.full((2, 3), 1040.0))
 
 
+needs_lone = pytest.mark.skipif(not lone_rows_available(torch.device("cpu"), torch.float32),
+                                reason="no quantized::linear_dynamic in this torch build")
+
+
+@needs_lone
+def test_int8_gemv_linear_takes_a_lone_row_in_one_call_and_several_as_int8():
+    """A lone row: int8's integers and scales in one FBGEMM call, so int8's numbers but for the last bits (the
+    scales applied in another order); several rows: int8's, bit for bit."""
+    torch.manual_seed(6)
+    lins = [nn.Linear(48, 80), nn.Linear(48, 16)]
+    lone, int8 = Int8GemvLinear.of(*lins), Int8Linear.of(*lins)
+    x = torch.randn(200, 48) * torch.rand(200, 1) * 4
+    with torch.no_grad():
+        for rows in (2, 7, 40):
+            assert torch.equal(lone(x[:rows]), int8(x[:rows]))
+        assert torch.equal(lone(x[:40].view(4, 10, 48)), int8(x[:40].view(4, 10, 48)))
+        by_row = int8(x)
+        alone = torch.stack([lone(row) for row in x])
+        torch.testing.assert_close(alone, by_row, rtol=1e-5, atol=1e-5 * float(by_row.abs().max()))
+        assert not torch.equal(alone, by_row)   # one call: the same integers, the scales in another order
+        for row in (x[0:1], x[0].view(1, 1, 48)):   # one row, whatever its leading shape
+            assert lone(row).shape == row.shape[:-1] + (96,)
+            torch.testing.assert_close(lone(row).reshape(-1), alone[0])
+        torch.testing.assert_close(lone(torch.zeros(48)), torch.cat([lin.bias for lin in lins]))   # zeros: the bias
+        no_bias = nn.Linear(48, 8, bias=False)   # the output projection's kind
+        torch.testing.assert_close(Int8GemvLinear.of(no_bias)(x[3]), Int8Linear.of(no_bias)(x[3:4])[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+@needs_lone
+def test_int8_gemv_copy_has_lone_row_paths_everywhere(word_tok):
+    dec = StreamingDecoder(random_decoder(word_tok, "gma", seed=3).model, word_tok, form="int8-gemv")
+    assert isinstance(dec.out_packed, Int8GemvLinear)
+    for layer in dec.net.decoder:
+        assert isinstance(layer.ffn.fc1, Int8GemvLinear) and isinstance(layer.self_attn.fused_qkv, Int8GemvLinear)
+        # GMA's READ/WRITE rule stays in float, its lone rows by gemv
+        assert all(isinstance(m, GemvLinear) for m in (layer.step_predictor.w_p, layer.step_predictor.v_p))
+    assert not any(type(m) is Int8Linear for m in dec.net.modules())
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_int8_copy_keeps_the_decision_layers_in_float(policy, word_tok):
     dec = int8_of(random_decoder(word_tok, policy, seed=3))
@@ -122,14 +162,16 @@ def test_int8_batched_and_chunked_equal_single_stream(policy, trained_decoders):
         assert (a.prediction, a.delays, a.token_delays) == (c.prediction, c.delays, c.token_delays)
 
 
+@pytest.mark.parametrize("form, batch", [("int8", 8), pytest.param("int8-gemv", 1, marks=needs_lone)])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_int8_decisions_stay_close_to_float32(policy, trained_decoders):
+def test_int8_decisions_stay_close_to_float32(policy, form, batch, trained_decoders):
     """The tolerance docs/benchmarks.md states for the tiny models: at least 90% of the outputs
-    identical, and the mean delay within 0.25 source words."""
+    identical, and the mean delay within 0.25 source words (int8-gemv one stream at a time: its lone rows)."""
     from models.data.synthetic import make_pairs
     sentences = [s for s, _ in make_pairs(40, seed=21)]
-    fp32, int8 = (simulate(d, sentences, batch_size=8) for d in (trained_decoders[policy],
-                                                                   int8_of(trained_decoders[policy])))
+    fp32 = simulate(trained_decoders[policy], sentences, batch_size=batch)
+    int8 = simulate(StreamingDecoder(trained_decoders[policy].model, trained_decoders[policy].tok, form=form),
+                    sentences, batch_size=batch)
     same = sum(a.prediction == b.prediction and a.delays == b.delays for a, b in zip(fp32, int8))
     assert same >= 0.9 * len(sentences), same
     mean = lambda rs: sum(sum(r.delays) / max(len(r.delays), 1) for r in rs) / len(rs)  # noqa: E731
@@ -209,3 +251,42 @@ def test_server_default_is_the_form_timed_fastest_here(trained, trained_decoders
     dec = StreamingDecoder(trained_decoders["waitk"].model, trained_decoders["waitk"].tok, form=form["name"])
     assert code == 1000
     assert_matches(received, [simulate(dec, [s], batch_size=1, k=2)[0] for s in SENTENCES[:2]], "auto")
+
+
+@needs_lone
+def test_int8_gemv_evaluated_alone_against_int8_batched(trained, tmp_path, capsys):
+    """`evaluate --step int8-gemv --batch-size 1` (every decoder row a lone one) against `--step int8` in batches,
+    compared by recipes/same_outputs.py as docs/benchmarks.md does: its counts are the sentences whose words or
+    delays differ between the two runs' outputs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from clients.cli import main
+    from models.data.synthetic import make_pairs
+    pairs = make_pairs(24, seed=41)
+    src, ref = tmp_path / "s.de", tmp_path / "s.en"
+    src.write_text("".join(s + "\n" for s, _ in pairs))
+    ref.write_text("".join(t + "\n" for _, t in pairs))
+    runs = {}
+    for form, batch in (("int8", 8), ("int8-gemv", 1)):
+        runs[form] = tmp_path / form
+        assert main(["evaluate", "-m", str(trained["gma"]), "--source", str(src), "--reference", str(ref),
+                     "--batch-size", str(batch), "--step", form, "--device", "cpu", "--quiet",
+                     "-o", str(runs[form])]) == 0
+    capsys.readouterr()
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "recipes/same_outputs.py", str(runs["int8"]), str(runs["int8-gemv"])],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split(" | ") for line in r.stdout.splitlines() if line.startswith("| s | ")]
+    assert len(rows) == 1, r.stdout
+    out = {f: [json.loads(line) for line in next((runs[f] / "outputs" / "s").glob("*.jsonl")).read_text().splitlines()]
+           for f in runs}
+    differ = sum(a["prediction"] != b["prediction"] for a, b in zip(out["int8"], out["int8-gemv"]))
+    assert rows[0][2:4] == ["24", str(differ)], r.stdout
+    assert f"{differ} of 24 sentences translated differently" in r.stdout
+    (runs["int8-gemv"] / "outputs" / "s").rename(runs["int8-gemv"] / "outputs" / "t")   # nothing in common
+    r = subprocess.run([sys.executable, "recipes/same_outputs.py", str(runs["int8"]), str(runs["int8-gemv"])],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no outputs in common" in r.stderr

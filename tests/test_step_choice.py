@@ -82,10 +82,13 @@ def test_one_candidate_needs_no_timing(word_tok, monkeypatch):
 
 def test_int8_and_gemv_are_candidates_only_where_they_run(word_tok):
     from models.step_form import FORMS, StepFormError
-    assert step_choice.candidates(torch.device("cpu"), torch.float32) == ["default", "int8", "gemv", "plain"]
+    assert step_choice.candidates(torch.device("cpu"), torch.float32) == ["default", "int8", "int8-gemv", "gemv",
+                                                                          "plain"]
     assert step_choice.candidates(torch.device("cpu"), torch.bfloat16) == ["default", "plain"]
     with pytest.raises(StepFormError, match="'gemv' runs on the CPU in float32 only"):
         FORMS["gemv"].resolve(torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(StepFormError, match="'int8-gemv' runs on the CPU with float32 weights only"):
+        FORMS["int8-gemv"].resolve(torch.device("cpu"), torch.bfloat16)
 
 
 def test_auto_does_not_resolve_without_a_decoder():
