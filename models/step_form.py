@@ -66,8 +66,9 @@ class StepForm:
                              f"{str(dtype).replace('torch.', '')}); on a GPU use --dtype bfloat16 instead")
         if self.linears == "int8-gemv" and not (lone_rows_available(device, dtype)
                                                 and packing_available(device, dtype)):
-            raise StepFormError(f"step form 'int8-gemv' runs on the CPU with float32 weights only, and needs FBGEMM's "
-                                f"quantized::linear_dynamic (here: {device.type}, {str(dtype).replace('torch.', '')})")
+            raise StepFormError(f"step form 'int8-gemv' runs on the CPU with float32 weights only (here: "
+                                f"{device.type}, {str(dtype).replace('torch.', '')}); on a GPU use --dtype bfloat16 "
+                                f"instead")
         if self.linears == "gemv" and not (packing_available(device, dtype) and dtype == torch.float32):
             raise StepFormError(f"step form 'gemv' runs on the CPU in float32 only (here: {device.type}, "
                                 f"{str(dtype).replace('torch.', '')})")

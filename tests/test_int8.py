@@ -86,7 +86,7 @@ def test_int8_sums_do_not_saturate_at_the_largest_values():
 
 
 needs_lone = pytest.mark.skipif(not lone_rows_available(torch.device("cpu"), torch.float32),
-                                reason="no quantized::linear_dynamic in this torch build")
+                                reason="no FBGEMM int8 product in this torch build")
 
 
 @needs_lone
