@@ -104,7 +104,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # (its scaled row and product are zeros either way): 3-4 µs less per call of 8-16 µs. (A single-pass
     # max |x|, linalg.vector_norm(inf) or aminmax, measured 2-7x slower than abs().amax() at 32 rows.)
     scale = x.abs().amax(-1, keepdim=True).div_(ACT_QMAX)
-    scale.clamp_min_(torch.finfo(x.dtype).tiny)
+    scale.clamp_min_(_TINY)
     return x / scale, scale
 
 
@@ -155,8 +155,8 @@ class Int8GemvLinear(Int8Linear):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(weight, bias)
-        q, _ = _quantized_weight(weight.detach().float().contiguous())
-        self.lone = _prepacked(q, None if bias is None else self.bias)   # the same integers, the bias inside
+        q, _ = torch.ops.quantized.linear_unpack(self.packed)   # the very integers Int8Linear packed
+        self.lone = _prepacked(q, None if bias is None else self.bias)   # ... with the bias inside
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() != self.in_features:
